@@ -1,0 +1,46 @@
+# dvla: two commands for a newcomer, `make demo` and `make test`.
+# The first call bootstraps .venv from a Python >= 3.12 found on this machine.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export MUJOCO_GL ?= egl
+
+.PHONY: venv test lint format demo bench-sim clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@set -e; \
+	if [ ! -x "$(PY)" ]; then \
+		interp=$$(scripts/find_python.sh); \
+		echo "creating $(VENV) with $$interp"; \
+		"$$interp" -m venv $(VENV); \
+	fi; \
+	$(PY) -m pip install --quiet --upgrade pip; \
+	$(PY) -m pip install --quiet -e ".[test]"; \
+	touch $(STAMP)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m ruff check .
+	HF_HUB_OFFLINE=1 $(PY) -m ruff format --check .
+	HF_HUB_OFFLINE=1 $(PY) -m pytest tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect_demo.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla show --root outputs/demo/metaworld
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/vqa_demo.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla show --root outputs/demo/vqa_scenes
+
+bench-sim: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_sim.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""dvla.action_head: filled in by the model issue."""

@@ -1,0 +1,1 @@
+"""dvla.backbone: filled in by the model issue."""

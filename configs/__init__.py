@@ -1,0 +1,1 @@
+"""dvla.configs: YAML configs shipped with the package."""

@@ -1,0 +1,1 @@
+"""dvla: masked-diffusion vision-language-action models."""

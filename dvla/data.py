@@ -1,0 +1,203 @@
+"""Training data: LeRobot datasets (robot episodes) and VQA scenes, as samples of one format.
+
+A robot sample:  {"images": {camera: float (3, H, W) in [0, 1]}, "state": (S,), "task": str,
+                  "actions": (H_chunk, D), "actions_is_pad": bool (H_chunk,)}
+A VQA sample:    {"images": {camera: float (3, H, W)}, "question": str, "answer": str,
+                  "question_type": str}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dvla.sim.recording import VIDEO_BACKEND
+
+STAT_QUANTILES = {"q01": 0.01, "q99": 0.99}
+
+
+@dataclass
+class LeRobotDataConfig:
+    """Which LeRobot dataset to read and how its keys map onto dvla's inputs."""
+
+    # Local dataset folder (offline). Give this or repo_id.
+    root: str | None = None
+    # Hub dataset id, e.g. lerobot/metaworld_mt50 (downloaded when online; with root, cached there).
+    repo_id: str | None = None
+    # Camera name -> dataset key, e.g. {corner2: observation.image}. Empty = every camera in the dataset,
+    # named by the last part of its key.
+    cameras: dict[str, str] = field(default_factory=dict)
+    # Dataset key of the robot state.
+    state_key: str = "observation.state"
+    # Dataset key of the action.
+    action_key: str = "action"
+    # Action chunk length H: actions t .. t+H-1 (padded past the episode end).
+    chunk_size: int = 16
+    # Resize images to this square size; None keeps the dataset's size.
+    image_size: int | None = None
+    # Only these episode indices (None = all).
+    episodes: list[int] | None = None
+    # Video decoder: pyav works everywhere; torchcodec is faster where system FFmpeg is installed.
+    video_backend: str = VIDEO_BACKEND
+
+    def __post_init__(self):
+        if not self.root and not self.repo_id:
+            raise ValueError("set dataset.root (a local LeRobot dataset) or dataset.repo_id (a hub id)")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.image_size is not None and self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8, got {self.image_size}")
+
+
+def _load_metadata(config: LeRobotDataConfig):
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+
+    repo_id = config.repo_id or f"local/{Path(config.root).name}"
+    if config.root and not config.repo_id and not (Path(config.root) / "meta" / "info.json").exists():
+        raise FileNotFoundError(
+            f"{config.root} is not a LeRobot dataset (no meta/info.json). "
+            "Record one with `dvla collect`, or set dataset.repo_id to load one from the hub."
+        )
+    return repo_id, LeRobotDatasetMetadata(repo_id, root=config.root)
+
+
+def resolve_cameras(config: LeRobotDataConfig, features: dict) -> dict[str, str]:
+    """Camera name -> dataset key, checked against the dataset's features."""
+    camera_keys = [k for k, v in features.items() if v["dtype"] in ("image", "video")]
+    if not config.cameras:
+        if not camera_keys:
+            raise ValueError("the dataset has no image or video features; dvla needs at least one camera")
+        return {k.split(".")[-1]: k for k in camera_keys}
+    missing = {name: key for name, key in config.cameras.items() if key not in camera_keys}
+    if missing:
+        raise ValueError(
+            f"camera keys {missing} are not image/video features of the dataset; "
+            f"its cameras are {camera_keys}. Fix dataset.cameras."
+        )
+    return dict(config.cameras)
+
+
+class LeRobotChunks(torch.utils.data.Dataset):
+    """A LeRobot dataset read as (images, state, task, action chunk) samples."""
+
+    def __init__(self, config: LeRobotDataConfig):
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        self.config = config
+        repo_id, meta = _load_metadata(config)
+        features = meta.features
+        for role, key in (("state", config.state_key), ("action", config.action_key)):
+            if key not in features:
+                raise ValueError(
+                    f"the dataset has no {role} feature {key!r}; its features are {sorted(features)}. "
+                    f"Set dataset.{role}_key."
+                )
+        self.cameras = resolve_cameras(config, features)
+        self.fps = meta.fps
+        self.state_dim = int(np.prod(features[config.state_key]["shape"]))
+        self.action_dim = int(np.prod(features[config.action_key]["shape"]))
+        delta = {config.action_key: [i / meta.fps for i in range(config.chunk_size)]}
+        self.dataset = LeRobotDataset(
+            repo_id,
+            root=config.root,
+            episodes=config.episodes,
+            delta_timestamps=delta,
+            video_backend=config.video_backend,
+        )
+        self.tasks = list(meta.tasks.index)
+        self.stats = low_dim_stats(self.dataset, [config.state_key, config.action_key])
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.dataset[index]
+        key = self.config.action_key
+        return {
+            "images": {
+                name: resize_image(item[k], self.config.image_size) for name, k in self.cameras.items()
+            },
+            "state": item[self.config.state_key].reshape(-1).float(),  # (S,)
+            "task": item["task"],
+            "actions": item[key].reshape(self.config.chunk_size, -1).float(),  # (H, D)
+            "actions_is_pad": item[f"{key}_is_pad"],  # (H,)
+        }
+
+
+def resize_image(image: torch.Tensor, size: int | None) -> torch.Tensor:
+    """(3, H, W) float -> (3, size, size); unchanged when size is None or already right."""
+    if size is None or image.shape[-2:] == (size, size):
+        return image
+    return F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0].clamp(0, 1)
+
+
+def low_dim_stats(dataset, keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Exact mean/std/min/max/q01/q99 of low-dimensional features over the selected episodes.
+
+    Recomputed from the data rather than read from meta/stats.json: lerobot's stats of a dataset
+    merged from parts (as `dvla collect` writes) carry averaged, not exact, quantiles.
+    """
+    table = dataset.hf_dataset.with_format("numpy")
+    stats = {}
+    for key in keys:
+        values = np.asarray(table[key], dtype=np.float64).reshape(len(table), -1)  # (N, D)
+        stats[key] = {
+            "mean": values.mean(0),
+            "std": values.std(0),
+            "min": values.min(0),
+            "max": values.max(0),
+            **{name: np.quantile(values, q, axis=0) for name, q in STAT_QUANTILES.items()},
+        }
+    return stats
+
+
+class VQAScenes(torch.utils.data.Dataset):
+    """One split of a VQA scenes dataset written by `dvla collect --suite vqa-scenes`."""
+
+    CAMERA = "scene"
+
+    def __init__(self, root: str | Path, split: str = "train", image_size: int | None = None):
+        import datasets
+
+        root = Path(root)
+        if not (root / "dataset_dict.json").exists():
+            raise FileNotFoundError(
+                f"{root} is not a VQA scenes dataset; create one with "
+                "`dvla collect --suite vqa-scenes --root DIR`"
+            )
+        splits = datasets.load_from_disk(str(root))
+        if split not in splits:
+            raise ValueError(f"no split {split!r} in {root}; splits: {list(splits)}")
+        self.data = splits[split]
+        self.image_size = image_size
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict:
+        row = self.data[int(index)]
+        image = torch.from_numpy(np.array(row["image"].convert("RGB"))).permute(2, 0, 1).float() / 255
+        return {
+            "images": {self.CAMERA: resize_image(image, self.image_size)},  # (3, H, W)
+            "question": row["question"],
+            "answer": row["answer"],
+            "question_type": row["question_type"],
+        }
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack tensors (and dicts of tensors); keep strings as lists."""
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if isinstance(values[0], dict):
+            out[key] = {k: torch.stack([v[k] for v in values]) for k in values[0]}
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            out[key] = values
+    return out

@@ -1,0 +1,141 @@
+"""A gymnasium environment over one MetaWorld v3 task, with lerobot's conventions.
+
+Observation: {"images": {camera: uint8 (H, W, 3)}, "state": float32 (4,) = hand xyz + gripper,
+"task": instruction}. Action: float32 (4,) in [-1, 1]. `info["success"]` says whether the task is
+solved at this step; the episode terminates at the first success (as lerobot's env does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from gymnasium import spaces
+
+from dvla.sim.rendering import CORNER2_POS, CameraRenderer
+from dvla.sim.tasks import MT1_SEED, check_tasks, task_description
+
+STATE_DIM = 4
+ACTION_DIM = 4
+CAMERAS = ("corner2", "topview", "behindGripper", "gripperPOV", "corner", "corner3")
+
+
+@dataclass
+class MetaWorldEnvConfig:
+    """How one MetaWorld environment is built and rendered."""
+
+    task: str = "pick-place-v3"
+    # Cameras to render, any of CAMERAS. `corner2` is lerobot's default view.
+    cameras: list[str] = field(default_factory=lambda: ["corner2"])
+    # Square image side in pixels.
+    image_size: int = 128
+    # Shadow map size; 0 turns shadows off (4x faster on a CPU, see sim/rendering.py).
+    shadow_size: int = 0
+    # Episode step limit; MetaWorld's MT1 tasks allow at most 500.
+    max_episode_steps: int = 500
+
+    def __post_init__(self):
+        check_tasks([self.task])
+        if not self.cameras:
+            raise ValueError("cameras must name at least one camera")
+        bad = [c for c in self.cameras if c not in CAMERAS]
+        if bad:
+            raise ValueError(f"unknown camera(s) {bad}; valid: {', '.join(CAMERAS)}")
+        if len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"duplicate cameras in {self.cameras}")
+        if not 16 <= self.image_size <= 1024:
+            raise ValueError(f"image_size must be in [16, 1024], got {self.image_size}")
+        if not 1 <= self.max_episode_steps <= 500:
+            raise ValueError(f"max_episode_steps must be in [1, 500], got {self.max_episode_steps}")
+
+
+class MetaWorldEnv(gym.Env):
+    """One MetaWorld task; `reset(seed=s)` places the objects by `s` (lerobot's seeding)."""
+
+    metadata: ClassVar[dict] = {"render_modes": ["rgb_array"], "render_fps": 80}
+
+    def __init__(self, config: MetaWorldEnvConfig):
+        super().__init__()
+        self.config = config
+        self.task = config.task
+        self.instruction = task_description(config.task)
+        size = config.image_size
+        self.observation_space = spaces.Dict(
+            {
+                "images": spaces.Dict(
+                    {c: spaces.Box(0, 255, (size, size, 3), np.uint8) for c in config.cameras}
+                ),
+                "state": spaces.Box(-np.inf, np.inf, (STATE_DIM,), np.float32),
+                "task": spaces.Text(max_length=256),
+            }
+        )
+        self.action_space = spaces.Box(-1.0, 1.0, (ACTION_DIM,), np.float32)
+        self._env = None  # built lazily so that worker processes own their GL context
+        self._renderer: CameraRenderer | None = None
+        self.raw_obs: np.ndarray | None = None  # MetaWorld's 39-D observation (for scripted experts)
+        self._steps = 0
+
+    @property
+    def fps(self) -> int:
+        self._ensure_env()
+        return round(1.0 / self._env.dt)
+
+    def _ensure_env(self) -> None:
+        if self._env is not None:
+            return
+        import metaworld
+
+        mt1 = metaworld.MT1(self.task, seed=MT1_SEED)
+        env = mt1.train_classes[self.task]()
+        env.set_task(mt1.train_tasks[0])
+        corner2 = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
+        env.model.cam_pos[corner2] = CORNER2_POS
+        env.reset()
+        env._freeze_rand_vec = False  # randomise object positions at every reset ...
+        env.seeded_rand_vec = True  # ... from the env's seeded RNG, so reset(seed=s) is reproducible
+        self._env = env
+        size = self.config.image_size
+        self._renderer = CameraRenderer(env.model, self.config.cameras, size, size, self.config.shadow_size)
+
+    def _observation(self) -> dict:
+        return {
+            "images": self._renderer.render(self._env.data),
+            "state": self.raw_obs[:STATE_DIM].astype(np.float32),
+            "task": self.instruction,
+        }
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._ensure_env()
+        super().reset(seed=seed)
+        if seed is not None:
+            self._env.seed(seed)
+        self.raw_obs, _ = self._env.reset()
+        self._steps = 0
+        return self._observation(), {"success": False}
+
+    def step(self, action: np.ndarray):
+        if self._env is None or self.raw_obs is None:
+            raise RuntimeError("call reset() before step()")
+        action = np.asarray(action, dtype=np.float32)
+        if action.shape != (ACTION_DIM,):
+            raise ValueError(f"action must have shape ({ACTION_DIM},), got {action.shape}")
+        if not np.all(np.isfinite(action)):
+            raise ValueError(f"action contains NaN or inf: {action}")
+        action = np.clip(action, -1.0, 1.0)
+        self.raw_obs, reward, _, _, info = self._env.step(action)
+        self._steps += 1
+        success = bool(info.get("success", 0.0))
+        info = {**info, "success": success}
+        truncated = self._steps >= self.config.max_episode_steps and not success
+        return self._observation(), float(reward), success, truncated, info
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+        if self._env is not None:
+            self._env.close()
+            self._env = None

@@ -1,0 +1,135 @@
+"""Questions and answers generated from a scene's ground truth (never hand-labelled).
+
+Question types: count, color, shape, exist (yes/no), spatial (left/right/front/behind as seen from the
+camera). Objects are referred to by the shortest description that is unique in the scene.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dvla.sim.vqa_scenes import COLORS, SHAPES, SceneObject
+
+QUESTION_TYPES = ("count", "color", "shape", "exist", "spatial")
+SPATIAL_MARGIN = 0.06  # metres: relations closer than this are ambiguous and never asked
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six")
+
+_COUNT = ("How many {noun} are there?", "Count the {noun}.", "What is the number of {noun} in the scene?")
+_COLOR = ("What color is the {ref}?", "Which color does the {ref} have?", "The {ref} is what color?")
+_SHAPE = ("What shape is the {ref}?", "What is the shape of the {ref}?", "Which shape is the {ref}?")
+_EXIST = ("Is there a {desc}?", "Is there a {desc} in the scene?", "Does the scene contain a {desc}?")
+_SPATIAL = (
+    "Is the {a} {rel} the {b}?",
+    "Is the {a} located {rel} the {b}?",
+    "Does the {a} sit {rel} the {b}?",
+)
+RELATIONS = {"left": "left of", "right": "right of", "front": "in front of", "behind": "behind"}
+
+
+@dataclass(frozen=True)
+class QA:
+    question: str
+    answer: str
+    question_type: str
+
+
+def _plural(shape: str) -> str:
+    return shape + "s"
+
+
+_REFERENCE_KEYS = {
+    None: (("shape",), ("color", "shape"), ("size", "color", "shape")),
+    "color": (("shape",), ("size", "shape")),
+    "shape": (("color",), ("size", "color")),
+}
+
+
+def reference(obj: SceneObject, objects: list[SceneObject], omit: str | None = None) -> str | None:
+    """Shortest unique description of `obj` ("cube", "red cube", "large red cube"), or None.
+
+    `omit` ("color" or "shape") leaves that attribute out, for questions asking about it.
+    """
+    for key in _REFERENCE_KEYS[omit]:
+        matches = [o for o in objects if all(getattr(o, k) == getattr(obj, k) for k in key)]
+        if len(matches) == 1:
+            words = [getattr(obj, k) for k in key] + ([] if "shape" in key else ["object"])
+            return " ".join(words)
+    return None
+
+
+def relation_holds(a: SceneObject, b: SceneObject, relation: str) -> bool | None:
+    """True/False when `a` is clearly (by SPATIAL_MARGIN) on that side of `b` or the opposite; else None."""
+    axis, sign = {"left": ("x", -1), "right": ("x", 1), "front": ("y", -1), "behind": ("y", 1)}[relation]
+    delta = sign * (getattr(a, axis) - getattr(b, axis))
+    if abs(delta) < SPATIAL_MARGIN:
+        return None
+    return delta > 0
+
+
+def count_question(objects, rng) -> QA:
+    kind = rng.integers(0, 3)
+    if kind == 0:
+        noun, n = "objects", len(objects)
+    elif kind == 1:
+        shape = str(rng.choice(SHAPES))
+        noun, n = _plural(shape), sum(o.shape == shape for o in objects)
+    else:
+        color = str(rng.choice(list(COLORS)))
+        noun, n = f"{color} objects", sum(o.color == color for o in objects)
+    return QA(str(rng.choice(_COUNT)).format(noun=noun), NUMBER_WORDS[n], "count")
+
+
+def color_question(objects, rng) -> QA | None:
+    for i in rng.permutation(len(objects)):
+        ref = reference(objects[i], objects, omit="color")
+        if ref:
+            return QA(str(rng.choice(_COLOR)).format(ref=ref), objects[i].color, "color")
+    return None
+
+
+def shape_question(objects, rng) -> QA | None:
+    for i in rng.permutation(len(objects)):
+        ref = reference(objects[i], objects, omit="shape")
+        if ref:
+            return QA(str(rng.choice(_SHAPE)).format(ref=ref), objects[i].shape, "shape")
+    return None
+
+
+def exist_question(objects, rng, forbidden=frozenset()) -> QA:
+    present = {(o.color, o.shape) for o in objects}
+    if rng.random() < 0.5:
+        color, shape = sorted(present)[int(rng.integers(0, len(present)))]
+    else:
+        absent = [(c, s) for c in COLORS for s in SHAPES if (c, s) not in present | set(forbidden)]
+        color, shape = absent[int(rng.integers(0, len(absent)))]
+    answer = "yes" if (color, shape) in present else "no"
+    return QA(str(rng.choice(_EXIST)).format(desc=f"{color} {shape}"), answer, "exist")
+
+
+def spatial_question(objects, rng) -> QA | None:
+    for _ in range(20):
+        i, j = rng.choice(len(objects), 2, replace=False)
+        a, b = objects[i], objects[j]
+        ref_a, ref_b = reference(a, objects), reference(b, objects)
+        relation = str(rng.choice(list(RELATIONS)))
+        holds = relation_holds(a, b, relation)
+        if ref_a and ref_b and holds is not None:
+            q = str(rng.choice(_SPATIAL)).format(a=ref_a, b=ref_b, rel=RELATIONS[relation])
+            return QA(q, "yes" if holds else "no", "spatial")
+    return None
+
+
+def generate_questions(
+    objects: list[SceneObject], rng: np.random.Generator, forbidden=frozenset()
+) -> list[QA]:
+    """One question of each type that the scene allows (unique references, clear relations)."""
+    makers = {
+        "count": lambda: count_question(objects, rng),
+        "color": lambda: color_question(objects, rng),
+        "shape": lambda: shape_question(objects, rng),
+        "exist": lambda: exist_question(objects, rng, forbidden),
+        "spatial": lambda: spatial_question(objects, rng),
+    }
+    return [qa for qa in (make() for make in makers.values()) if qa is not None]

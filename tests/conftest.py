@@ -1,0 +1,34 @@
+"""Shared fixtures: tests run offline, render headless and use tiny datasets."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import pytest
+
+from dvla.sim.collect import MetaWorldCollectSpec, collect_metaworld
+
+TINY_TASKS = ["reach-v3", "door-open-v3"]
+
+
+def tiny_spec(**overrides) -> MetaWorldCollectSpec:
+    values = dict(
+        tasks=list(TINY_TASKS),
+        episodes=2,
+        cameras=["corner2", "gripperPOV"],
+        image_size=64,
+        use_videos=True,
+        shadow_size=0,
+        max_episode_steps=200,
+    )
+    values.update(overrides)
+    return MetaWorldCollectSpec(**values)
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """Two easy tasks x two expert episodes, two cameras at 64 px, recorded by two workers."""
+    root = tmp_path_factory.mktemp("collect") / "tiny"
+    report = collect_metaworld(root, tiny_spec(), workers=2, episodes_per_part=1)
+    return root, report

@@ -1,0 +1,177 @@
+"""Recording scripted demonstrations into LeRobot datasets: round trip, resume, errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_TASKS, tiny_spec
+
+from dvla.data import LeRobotChunks, LeRobotDataConfig
+from dvla.sim.collect import REPORT_FILE, WORK_DIR, collect_metaworld
+from dvla.sim.recording import PART_MANIFEST, metaworld_features, validate_frame
+
+
+def test_dataset_loads_offline_with_lerobot(tiny_dataset):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root, report = tiny_dataset
+    assert not (root / WORK_DIR).exists()  # work files are gone once the dataset is complete
+    ds = LeRobotDataset("local/tiny", root=root, video_backend="pyav")
+    assert ds.meta.total_episodes == 4
+    assert ds.meta.fps == 80
+    assert sorted(ds.meta.tasks.index) == sorted(
+        ["Reach a goal position", "Open a door with a revolving joint"]
+    )
+    assert ds.meta.total_frames == report["frames"] == sum(r["frames"] for r in report["per_task"].values())
+    frame = ds[0]
+    assert frame["observation.images.corner2"].shape == (3, 64, 64)
+    assert frame["observation.images.gripperPOV"].shape == (3, 64, 64)
+    # recording stops at the first success: only the last frame of each episode is a success
+    success = np.asarray(ds.hf_dataset["next.success"]).reshape(-1)
+    episode = np.asarray(ds.hf_dataset["episode_index"])
+    for ep in range(4):
+        flags = success[episode == ep]
+        assert flags[-1] and not flags[:-1].any()
+
+
+def test_report_gives_expert_success_per_task(tiny_dataset):
+    root, _ = tiny_dataset
+    saved = json.loads((root / "meta" / REPORT_FILE).read_text())
+    assert saved["per_task"].keys() == set(TINY_TASKS)
+    for row in saved["per_task"].values():
+        assert row["episodes"] == 2
+        assert row["expert_success_rate"] == row["episodes"] / row["expert_attempts"]
+        assert 0 < row["mean_episode_length"] <= 200
+
+
+def test_chunks_shapes_padding_and_stats(tiny_dataset):
+    root, _ = tiny_dataset
+    data = LeRobotChunks(LeRobotDataConfig(root=str(root), chunk_size=8, image_size=32))
+    assert data.cameras == {
+        "corner2": "observation.images.corner2",
+        "gripperPOV": "observation.images.gripperPOV",
+    }
+    first = data[0]
+    assert first["images"]["corner2"].shape == (3, 32, 32)
+    assert first["images"]["corner2"].min() >= 0.0 and first["images"]["corner2"].max() <= 1.0
+    assert first["state"].shape == (4,)
+    assert first["actions"].shape == (8, 4) and not first["actions_is_pad"].any()
+    # The chunk starting 3 frames before the end of episode 0 has 3 real actions then padding.
+    end = int(data.dataset.meta.episodes[0]["dataset_to_index"])
+    last = data[end - 3]
+    assert last["actions_is_pad"].tolist() == [False] * 3 + [True] * 5
+    raw_actions = torch.stack([data.dataset.hf_dataset[i]["action"] for i in range(end - 3, end)])
+    torch.testing.assert_close(last["actions"][:3], raw_actions)
+    # exact statistics from the data
+    actions = np.stack(data.dataset.hf_dataset["action"])
+    stats = data.stats["action"]
+    np.testing.assert_allclose(stats["q01"], np.quantile(actions, 0.01, axis=0))
+    np.testing.assert_allclose(stats["max"], actions.max(0))
+    assert np.all(stats["min"] <= stats["q01"]) and np.all(stats["q99"] <= stats["max"])
+
+
+def test_existing_root_needs_resume_or_overwrite(tiny_dataset, tmp_path):
+    root = tmp_path / "busy"
+    root.mkdir()
+    (root / "something.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="--resume.*--overwrite"):
+        collect_metaworld(root, tiny_spec())
+    assert (root / "something.txt").read_text() == "keep me"
+    with pytest.raises(ValueError, match="exclude"):
+        collect_metaworld(root, tiny_spec(), resume=True, overwrite=True)
+    # a finished collection resumed: nothing to do, nothing lost
+    done_root, _ = tiny_dataset
+    assert collect_metaworld(done_root, tiny_spec(), resume=True) == json.loads(
+        (done_root / "meta" / REPORT_FILE).read_text()
+    )
+
+
+def _collect_cli(root, *extra):
+    return [
+        sys.executable, "-m", "dvla.cli", "collect", "--tasks", "reach-v3", "--episodes", "4",
+        "--image-size", "32", "--root", str(root), "--episodes_per_part", "1", *extra,
+    ]  # fmt: skip
+
+
+def test_resume_after_interruption_keeps_finished_episodes(tmp_path):
+    root = tmp_path / "interrupted"
+    proc = subprocess.Popen(_collect_cli(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = root / WORK_DIR / "parts"
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(parts.glob(f"*/{PART_MANIFEST}")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)  # a hard kill: no clean-up in the main process
+    proc.wait()
+    time.sleep(3)  # workers notice their parent is gone and commit or drop what they hold
+    kept = {json.loads(m.read_text())[0]["seed"] for m in parts.glob(f"*/{PART_MANIFEST}")}
+    assert kept, "no part was finished before the kill"
+    (parts / "part-torn").mkdir()  # a part cut off mid-write (no manifest) must be dropped
+
+    # without --resume the folder is protected
+    blocked = subprocess.run(_collect_cli(root), capture_output=True, text=True)
+    assert blocked.returncode == 1 and "--resume" in blocked.stderr
+
+    # a resume with other settings is refused
+    other = subprocess.run(_collect_cli(root, "--resume", "--image_size=48"), capture_output=True, text=True)
+    assert other.returncode == 1 and "different settings" in other.stderr
+
+    done = subprocess.run(_collect_cli(root, "--resume"), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset("local/interrupted", root=root, video_backend="pyav")
+    assert ds.meta.total_episodes == 4
+    report = json.loads((root / "meta" / REPORT_FILE).read_text())
+    assert report["per_task"]["reach-v3"]["episodes"] == 4
+    # the reach expert always succeeds, so the seeds are exactly 0..3, each once
+    assert report["per_task"]["reach-v3"]["seeds"] == [0, 1, 2, 3]
+    frames_per_episode = np.bincount(np.asarray(ds.hf_dataset["episode_index"]))
+    assert len(frames_per_episode) == 4 and frames_per_episode.min() > 0
+    assert not (root / WORK_DIR).exists()
+
+
+def test_bad_frames_are_rejected_with_a_clear_message():
+    features = metaworld_features(["corner2"], 32, use_videos=True)
+    good = {
+        "observation.images.corner2": np.zeros((32, 32, 3), np.uint8),
+        "observation.state": np.zeros(4, np.float32),
+        "action": np.zeros(4, np.float32),
+        "next.reward": np.zeros(1, np.float32),
+        "next.success": np.zeros(1, bool),
+        "task": "Reach a goal position",
+    }
+    validate_frame(good, features)
+    cases = {
+        "NaN or inf": {"action": np.array([0, np.nan, 0, 0], np.float32)},
+        "shape": {"observation.state": np.zeros(5, np.float32)},
+        "dtype": {"action": np.zeros(4, np.float64)},
+        "uint8": {"observation.images.corner2": np.zeros((32, 32, 3), np.float32)},
+        "numpy array": {"next.reward": [0.0]},
+        "task": {"task": ""},
+    }
+    for message, change in cases.items():
+        with pytest.raises(ValueError, match=message):
+            validate_frame({**good, **change}, features)
+    with pytest.raises(ValueError, match="missing"):
+        validate_frame({k: v for k, v in good.items() if k != "action"}, features)
+    with pytest.raises(ValueError, match="not in the dataset features"):
+        validate_frame({**good, "extra": np.zeros(1, np.float32)}, features)
+
+
+def test_cli_errors_exit_with_a_message(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "dvla.cli", "collect", "--tasks", "reach-v9", "--root", str(tmp_path / "x")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert run.returncode == 1 and "unknown MetaWorld task" in run.stderr and "reach-v3" in run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "dvla.cli", "collect", "--suite", "mt10"], capture_output=True, text=True
+    )
+    assert run.returncode == 1 and "--root is required" in run.stderr

@@ -1,0 +1,97 @@
+"""The data module reads LeRobot datasets it did not write, mapping keys by config."""
+
+import numpy as np
+import pytest
+
+from dvla.data import LeRobotChunks, LeRobotDataConfig, collate
+
+
+@pytest.fixture(scope="module")
+def foreign_dataset(tmp_path_factory):
+    """A dataset shaped like another lab's: one 96 px camera under another key, 8-D state,
+    7-D actions, an extra feature, 10 fps, PNG frames instead of videos."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = tmp_path_factory.mktemp("foreign") / "arm7"
+    features = {
+        "observation.image": {
+            "dtype": "image",
+            "shape": (96, 96, 3),
+            "names": ["height", "width", "channels"],
+        },
+        "observation.state": {"dtype": "float32", "shape": (8,), "names": None},
+        "observation.environment_state": {"dtype": "float32", "shape": (3,), "names": None},
+        "action": {"dtype": "float32", "shape": (7,), "names": None},
+    }
+    ds = LeRobotDataset.create("lab/arm7", fps=10, features=features, root=root, use_videos=False)
+    rng = np.random.default_rng(0)
+    for episode in range(2):
+        for t in range(12):
+            ds.add_frame(
+                {
+                    "observation.image": rng.integers(0, 255, (96, 96, 3), dtype=np.uint8),
+                    "observation.state": rng.normal(size=8).astype(np.float32),
+                    "observation.environment_state": rng.normal(size=3).astype(np.float32),
+                    "action": np.full(7, 100 * episode + t, np.float32),
+                    "task": f"stack block {episode}",
+                }
+            )
+        ds.save_episode()
+    ds.finalize()
+    return root
+
+
+def test_foreign_dataset_maps_cameras_and_dimensions(foreign_dataset):
+    data = LeRobotChunks(
+        LeRobotDataConfig(
+            root=str(foreign_dataset), cameras={"front": "observation.image"}, chunk_size=5, image_size=64
+        )
+    )
+    assert (data.state_dim, data.action_dim, data.fps) == (8, 7, 10)
+    sample = data[9]  # frame 9 of episode 0: actions 9, 10, 11, then padding
+    assert sample["images"]["front"].shape == (3, 64, 64)
+    assert sample["state"].shape == (8,)
+    assert sample["actions"].shape == (5, 7)
+    assert sample["actions"][:3, 0].tolist() == [9, 10, 11]
+    assert sample["actions_is_pad"].tolist() == [False, False, False, True, True]
+    assert sample["task"] == "stack block 0"
+    batch = collate([data[0], data[13]])
+    assert batch["images"]["front"].shape == (2, 3, 64, 64) and batch["actions"].shape == (2, 5, 7)
+    assert batch["task"] == ["stack block 0", "stack block 1"]
+    assert data.stats["action"]["max"].shape == (7,)
+
+
+def test_default_camera_names_come_from_the_keys(foreign_dataset):
+    data = LeRobotChunks(LeRobotDataConfig(root=str(foreign_dataset), chunk_size=2))
+    assert data.cameras == {"image": "observation.image"}
+    assert data[0]["images"]["image"].shape == (3, 96, 96)  # no resize asked
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        (
+            {"action_key": "action.joints"},
+            ValueError,
+            "no action feature 'action.joints'.*dataset.action_key",
+        ),
+        ({"state_key": "observation.qpos"}, ValueError, "no state feature.*observation.environment_state"),
+        (
+            {"cameras": {"wrist": "observation.images.wrist"}},
+            ValueError,
+            "its cameras are.*observation.image",
+        ),
+    ],
+)
+def test_missing_features_fail_clearly(foreign_dataset, overrides, error, message):
+    with pytest.raises(error, match=message):
+        LeRobotChunks(LeRobotDataConfig(root=str(foreign_dataset), **overrides))
+
+
+def test_bad_config_fails_clearly(tmp_path):
+    with pytest.raises(ValueError, match="dataset.root.*dataset.repo_id"):
+        LeRobotDataConfig()
+    with pytest.raises(ValueError, match="chunk_size"):
+        LeRobotDataConfig(root="x", chunk_size=0)
+    with pytest.raises(FileNotFoundError, match="not a LeRobot dataset"):
+        LeRobotChunks(LeRobotDataConfig(root=str(tmp_path)))

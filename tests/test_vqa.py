@@ -1,0 +1,159 @@
+"""VQA scenes: every generated answer is checked against the scene's ground truth and the image."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from dvla.data import VQAScenes, collate
+from dvla.sim.vqa_dataset import HELD_OUT, build_vqa_dataset
+from dvla.sim.vqa_questions import NUMBER_WORDS, QUESTION_TYPES, SPATIAL_MARGIN, generate_questions
+from dvla.sim.vqa_scenes import COLORS, SHAPES, SIZES, SceneObject, SceneRenderer, sample_scene
+
+WORDS = set(COLORS) | set(SHAPES) | set(SIZES)
+
+
+def _find(description: str, objects: list[SceneObject]) -> list[SceneObject]:
+    """Objects matching a description such as "large red cube" or "blue object"."""
+    words = [w for w in description.split() if w in WORDS]
+    return [o for o in objects if all(w in (o.color, o.shape, o.size) for w in words)]
+
+
+def _oracle(question: str, objects: list[SceneObject]) -> str:
+    """An independent answerer that reads the question text and the scene state."""
+    q = question.lower().rstrip("?.")
+    if m := re.search(r"(?:how many|count the|number of) (.+?)(?: are there| in the scene|$)", q):
+        noun = m.group(1)
+        if noun == "objects":
+            return NUMBER_WORDS[len(objects)]
+        words = noun.replace(" objects", "").split()
+        shape = words[-1][:-1] if words[-1][:-1] in SHAPES else None
+        n = sum(o.shape == shape if shape else o.color == words[0] for o in objects)
+        return NUMBER_WORDS[n]
+    if "color" in q:
+        ref = re.sub(r"^(what color is the|which color does the|the) ", "", q)
+        (obj,) = _find(re.sub(r" (have|is what color)$", "", ref), objects)
+        return obj.color
+    if "shape" in q:
+        (obj,) = _find(q.split(" the ")[-1], objects)
+        return obj.shape
+    if m := re.search(r"(?:is there a|contain a) (\w+) (\w+)", q):
+        return "yes" if any(o.color == m.group(1) and o.shape == m.group(2) for o in objects) else "no"
+    m = re.search(r"the (.+?) (?:located |sit )?(left of|right of|in front of|behind) the (.+)", q)
+    (a,), (b,) = _find(m.group(1), objects), _find(m.group(3), objects)
+    axis, sign = {"left of": (0, -1), "right of": (0, 1), "in front of": (1, -1), "behind": (1, 1)}[
+        m.group(2)
+    ]
+    delta = sign * (np.array([a.x, a.y]) - np.array([b.x, b.y]))[axis]
+    assert abs(delta) >= SPATIAL_MARGIN
+    return "yes" if delta > 0 else "no"
+
+
+def test_every_answer_matches_the_scene_state():
+    rng = np.random.default_rng(0)
+    seen = {t: 0 for t in QUESTION_TYPES}
+    answers = {t: set() for t in QUESTION_TYPES}
+    for _ in range(300):
+        objects = sample_scene(rng)
+        for qa in generate_questions(objects, rng):
+            assert _oracle(qa.question, objects) == qa.answer, (qa, objects)
+            seen[qa.question_type] += 1
+            answers[qa.question_type].add(qa.answer)
+    assert min(seen.values()) > 100  # every type is asked often
+    assert answers["exist"] == answers["spatial"] == {"yes", "no"}
+    assert answers["color"] == set(COLORS) and answers["shape"] == set(SHAPES)
+
+
+def test_questions_have_several_phrasings():
+    rng = np.random.default_rng(1)
+    content = WORDS | {"object", "objects", "cubes", "spheres", "cylinders"}
+    templates = {t: set() for t in QUESTION_TYPES}
+    for _ in range(200):
+        for qa in generate_questions(sample_scene(rng), rng):
+            words = qa.question.rstrip("?.").split()
+            templates[qa.question_type].add(" ".join(w for w in words if w not in content))
+    assert all(len(s) >= 3 for s in templates.values()), templates
+
+
+def test_scenes_are_valid():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        objects = sample_scene(rng, forbidden=HELD_OUT)
+        assert 2 <= len(objects) <= 6
+        assert not {(o.color, o.shape) for o in objects} & HELD_OUT
+        for i, a in enumerate(objects):
+            for b in objects[i + 1 :]:
+                assert np.hypot(a.x - b.x, a.y - b.y) > a.radius + b.radius
+    objects = sample_scene(rng, required=HELD_OUT)
+    assert {(o.color, o.shape) for o in objects} & HELD_OUT
+
+
+def test_rendered_image_shows_each_object_where_the_metadata_says():
+    renderer = SceneRenderer(128)
+    rng = np.random.default_rng(3)
+    try:
+        for _ in range(5):
+            objects = sample_scene(rng)
+            image = renderer.render(objects).astype(float)
+            for obj in objects:
+                col, row = renderer.project(obj.x, obj.y, SIZES[obj.size])
+                patch = image[int(row) - 1 : int(row) + 2, int(col) - 1 : int(col) + 2].reshape(-1, 3)
+                target = np.array(COLORS[obj.color]) * 255
+                # nearest palette colour (by hue direction) at the object's centre is its own colour
+                palette = {c: np.array(v) * 255 for c, v in COLORS.items()}
+                pixel = patch.mean(0)
+                cos = {
+                    c: pixel @ v / (np.linalg.norm(pixel) * np.linalg.norm(v) + 1e-9)
+                    for c, v in palette.items()
+                }
+                if obj.color != "white":  # white and grey-lit colours are told apart by brightness
+                    assert max(cos, key=cos.get) == obj.color, (obj, pixel, target)
+                else:
+                    assert pixel.min() > 100
+    finally:
+        renderer.close()
+
+
+def test_built_dataset_splits_and_loading(tmp_path):
+    root = tmp_path / "vqa"
+    report = build_vqa_dataset(root, scenes=20, image_size=48, seed=0)
+    assert report["split_scenes"] == {"train": 16, "val": 2, "test": 2, "compositional": 2}
+    import datasets
+
+    dd = datasets.load_from_disk(str(root))
+    assert set(dd) == {"train", "val", "test", "compositional"}
+    held_out = {" ".join(p) for p in HELD_OUT}
+    for split in ("train", "val", "test"):
+        for objs in dd[split]["objects"]:
+            assert not {f"{o['color']} {o['shape']}" for o in json.loads(objs)} & held_out
+    for objs in dd["compositional"]["objects"]:
+        assert {f"{o['color']} {o['shape']}" for o in json.loads(objs)} & held_out
+    for row in dd["test"]:
+        objects = [SceneObject(**o) for o in json.loads(row["objects"])]
+        assert _oracle(row["question"], objects) == row["answer"]
+
+    data = VQAScenes(root, "test", image_size=32)
+    batch = collate([data[0], data[1]])
+    assert batch["images"]["scene"].shape == (2, 3, 32, 32)
+    assert isinstance(batch["question"][0], str) and batch["question_type"][0] in QUESTION_TYPES
+
+    # deterministic: the same seed builds the same questions
+    again = build_vqa_dataset(tmp_path / "vqa2", scenes=20, image_size=48, seed=0)
+    assert again["split_questions"] == report["split_questions"]
+    assert datasets.load_from_disk(str(tmp_path / "vqa2"))["train"]["question"] == dd["train"]["question"]
+
+
+def test_vqa_errors(tmp_path):
+    with pytest.raises(ValueError, match=">= 3"):
+        build_vqa_dataset(tmp_path / "a", scenes=2)
+    with pytest.raises(FileNotFoundError, match="not a VQA scenes dataset"):
+        VQAScenes(tmp_path)
+    root = tmp_path / "b"
+    build_vqa_dataset(root, scenes=3, image_size=32)
+    with pytest.raises(FileExistsError):
+        build_vqa_dataset(root, scenes=3, image_size=32)
+    with pytest.raises(ValueError, match="other settings"):
+        build_vqa_dataset(root, scenes=4, image_size=32, resume=True)
+    with pytest.raises(ValueError, match="no split"):
+        VQAScenes(root, "dev")

@@ -1,0 +1,1 @@
+"""dvla.vision: filled in by the model issue."""
