@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv[0] = f"dvla {name}"
     try:
         run(draccus.parse(config_class=config_class, args=normalize_args(rest, config_class)))
-    except (ValueError, FileExistsError, FileNotFoundError) as err:
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as err:
         print(f"dvla {name}: error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -71,7 +71,10 @@ def resolve_cameras(config: LeRobotDataConfig, features: dict) -> dict[str, str]
     if not config.cameras:
         if not camera_keys:
             raise ValueError("the dataset has no image or video features; dvla needs at least one camera")
-        return {k.split(".")[-1]: k for k in camera_keys}
+        short = [k.split(".")[-1] for k in camera_keys]
+        if len(set(short)) < len(short):  # e.g. observation.images.front and observation.depth.front
+            return {k: k for k in camera_keys}
+        return dict(zip(short, camera_keys, strict=True))
     missing = {name: key for name, key in config.cameras.items() if key not in camera_keys}
     if missing:
         raise ValueError(
@@ -141,10 +144,10 @@ def low_dim_stats(dataset, keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
     Recomputed from the data rather than read from meta/stats.json: lerobot's stats of a dataset
     merged from parts (as `dvla collect` writes) carry averaged, not exact, quantiles.
     """
-    table = dataset.hf_dataset.with_format("numpy")
     stats = {}
     for key in keys:
-        values = np.asarray(table[key], dtype=np.float64).reshape(len(table), -1)  # (N, D)
+        column = dataset.hf_dataset.select_columns([key]).with_format("numpy")[:][key]
+        values = np.asarray(column, dtype=np.float64).reshape(len(column), -1)  # (N, D)
         stats[key] = {
             "mean": values.mean(0),
             "std": values.std(0),

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dvla.sim.recording import VIDEO_BACKEND
+
 
 @dataclass
 class ShowConfig:
@@ -40,7 +42,7 @@ def run(config: ShowConfig) -> None:
 def _show_lerobot(root: Path, max_tiles: int) -> list[np.ndarray]:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    ds = LeRobotDataset(repo_id=f"local/{root.name}", root=root)
+    ds = LeRobotDataset(repo_id=f"local/{root.name}", root=root, video_backend=VIDEO_BACKEND)
     meta = ds.meta
     print(
         f"LeRobot dataset {root}: {meta.total_episodes} episodes, {meta.total_frames} frames, {meta.fps} fps"
@@ -68,7 +70,11 @@ def _show_vqa(root: Path, max_tiles: int) -> list[np.ndarray]:
     test = dd["test"]
     for row in test.select(range(min(5, len(test)))):
         print(f"  Q: {row['question']}  A: {row['answer']}  ({row['question_type']})")
-    return [np.asarray(test[i]["image"]) for i in range(min(max_tiles, len(test)))]
+    first_rows = {}
+    for i, scene in enumerate(test["scene_id"]):  # one tile per scene (a scene has several questions)
+        first_rows.setdefault(scene, i)
+    rows = list(first_rows.values())[:max_tiles]
+    return [np.asarray(test[i]["image"].convert("RGB")) for i in rows]
 
 
 def save_grid(tiles: list[np.ndarray], path: Path, columns: int = 4) -> None:

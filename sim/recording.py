@@ -52,30 +52,34 @@ def metaworld_features(cameras: list[str], image_size: int, use_videos: bool) ->
     return features
 
 
+class FrameError(ValueError):
+    """A frame that must not be recorded (missing key, wrong shape or dtype, NaN/inf)."""
+
+
 def validate_frame(frame: dict, features: dict) -> None:
-    """Reject a frame with a missing key, a wrong shape or dtype, or NaN/inf values."""
+    """Raise FrameError for a frame with a missing key, a wrong shape or dtype, or NaN/inf values."""
     missing = [k for k in features if k not in frame]
     if missing or "task" not in frame:
-        raise ValueError(f"frame is missing {missing + ([] if 'task' in frame else ['task'])}")
+        raise FrameError(f"frame is missing {missing + ([] if 'task' in frame else ['task'])}")
     extra = [k for k in frame if k not in features and k != "task"]
     if extra:
-        raise ValueError(f"frame has keys not in the dataset features: {extra}")
+        raise FrameError(f"frame has keys not in the dataset features: {extra}")
     if not isinstance(frame["task"], str) or not frame["task"]:
-        raise ValueError(f"frame task must be a non-empty string, got {frame['task']!r}")
+        raise FrameError(f"frame task must be a non-empty string, got {frame['task']!r}")
     for key, spec in features.items():
         value = frame[key]
         if not isinstance(value, np.ndarray):
-            raise ValueError(f"frame[{key!r}] must be a numpy array, got {type(value).__name__}")
+            raise FrameError(f"frame[{key!r}] must be a numpy array, got {type(value).__name__}")
         if value.shape != tuple(spec["shape"]):
-            raise ValueError(f"frame[{key!r}] has shape {value.shape}, expected {tuple(spec['shape'])}")
+            raise FrameError(f"frame[{key!r}] has shape {value.shape}, expected {tuple(spec['shape'])}")
         if spec["dtype"] in ("image", "video"):
             if value.dtype != np.uint8:
-                raise ValueError(f"frame[{key!r}] must be uint8 (H, W, 3), got {value.dtype}")
+                raise FrameError(f"frame[{key!r}] must be uint8 (H, W, 3), got {value.dtype}")
             continue
         if value.dtype != np.dtype(spec["dtype"]):
-            raise ValueError(f"frame[{key!r}] has dtype {value.dtype}, expected {spec['dtype']}")
+            raise FrameError(f"frame[{key!r}] has dtype {value.dtype}, expected {spec['dtype']}")
         if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-            raise ValueError(f"frame[{key!r}] contains NaN or inf: {value}; the episode is not recorded")
+            raise FrameError(f"frame[{key!r}] contains NaN or inf: {value}; the episode is not recorded")
 
 
 @dataclass
@@ -116,6 +120,7 @@ class PartWriter:
         )
 
     def add_episode(self, frames: list[dict], task: str, seed: int) -> None:
+        """Validate every frame (FrameError leaves the part unchanged), then write the episode."""
         for frame in frames:
             validate_frame(frame, self.features)
         for frame in frames:
@@ -125,21 +130,28 @@ class PartWriter:
         self.episodes.append(EpisodeRecord(task, seed, len(frames)))
 
     def commit(self) -> None:
-        """Finalize the part (parquet footers, metadata) and mark it finished."""
+        """Finalize the part (parquet footers, metadata) and mark it finished; drop it if empty."""
+        if not self.episodes:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
         self._dataset.finalize()
         write_json_atomic(self.path / PART_MANIFEST, [vars(e) for e in self.episodes])
 
 
 def finished_parts(parts_dir: Path) -> list[tuple[Path, list[EpisodeRecord]]]:
-    """Finished parts (with a manifest), sorted by name; unfinished ones are deleted."""
+    """Finished parts (those with a manifest) and their episodes, sorted by name."""
     found = []
-    for path in sorted(p for p in parts_dir.iterdir() if p.is_dir()) if parts_dir.exists() else []:
-        manifest = path / PART_MANIFEST
-        if manifest.exists():
-            found.append((path, [EpisodeRecord(**e) for e in json.loads(manifest.read_text())]))
-        else:
-            shutil.rmtree(path)  # interrupted while writing: its episodes are recorded again
+    for manifest in sorted(parts_dir.glob(f"*/{PART_MANIFEST}")):
+        found.append((manifest.parent, [EpisodeRecord(**e) for e in json.loads(manifest.read_text())]))
     return found
+
+
+def drop_unfinished_parts(parts_dir: Path) -> int:
+    """Delete parts cut off while being written (their episodes are recorded again); return how many."""
+    unfinished = [p for p in parts_dir.iterdir() if p.is_dir() and not (p / PART_MANIFEST).exists()]
+    for path in unfinished:
+        shutil.rmtree(path)
+    return len(unfinished)
 
 
 def merge_parts(parts: list[Path], out: Path) -> None:

@@ -34,6 +34,7 @@ HELD_OUT = frozenset(
 SPLITS = ("train", "val", "test", "compositional")
 SPLIT_FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
 REPORT_FILE = "vqa_report.json"
+BUILDING_MARKER = ".dvla_vqa_building"  # present from the first write until the report is written
 
 
 def split_sizes(scenes: int, compositional_fraction: float = 0.1) -> dict[str, int]:
@@ -98,7 +99,13 @@ def build_vqa_dataset(
         print(f"{root} is already complete; nothing to do.")
         return report
     if resumed:
+        if not (root / BUILDING_MARKER).exists():
+            raise FileExistsError(
+                f"{root} is not an unfinished VQA scenes build; use --overwrite or another --root"
+            )
         shutil.rmtree(root)  # an unfinished build: nothing in it is trusted, build it again
+    root.mkdir(parents=True, exist_ok=True)
+    (root / BUILDING_MARKER).touch()
 
     start = time.perf_counter()
     features = datasets.Features(
@@ -134,4 +141,5 @@ def build_vqa_dataset(
         "elapsed_s": time.perf_counter() - start,
     }
     write_json_atomic(root / REPORT_FILE, report)  # written last: marks the dataset complete
+    (root / BUILDING_MARKER).unlink()
     return report

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dvla.sim.vqa_scenes import COLORS, SHAPES, SceneObject
+from dvla.sim.vqa_scenes import COLORS, SHAPES, SceneObject, object_view
 
 QUESTION_TYPES = ("count", "color", "shape", "exist", "spatial")
-SPATIAL_MARGIN = 0.06  # metres: relations closer than this are ambiguous and never asked
+# Relations closer than these are ambiguous and never asked: image-plane offset (tan units, ~12 px at
+# 128 px) for left/right, metres of depth for in front of/behind.
+LATERAL_MARGIN = 0.08
+DEPTH_MARGIN = 0.06
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six")
 
 _COUNT = ("How many {noun} are there?", "Count the {noun}.", "What is the number of {noun} in the scene?")
@@ -60,10 +63,16 @@ def reference(obj: SceneObject, objects: list[SceneObject], omit: str | None = N
 
 
 def relation_holds(a: SceneObject, b: SceneObject, relation: str) -> bool | None:
-    """True/False when `a` is clearly (by SPATIAL_MARGIN) on that side of `b` or the opposite; else None."""
-    axis, sign = {"left": ("x", -1), "right": ("x", 1), "front": ("y", -1), "behind": ("y", 1)}[relation]
-    delta = sign * (getattr(a, axis) - getattr(b, axis))
-    if abs(delta) < SPATIAL_MARGIN:
+    """Whether `a` is `relation` of `b` as seen from the camera; None when too close to call."""
+    (ua, _, da), (ub, _, db) = object_view(a), object_view(b)
+    axis, sign, margin = {
+        "left": (0, -1, LATERAL_MARGIN),
+        "right": (0, 1, LATERAL_MARGIN),
+        "front": (1, -1, DEPTH_MARGIN),
+        "behind": (1, 1, DEPTH_MARGIN),
+    }[relation]
+    delta = sign * ((ua - ub), (da - db))[axis]
+    if abs(delta) < margin:
         return None
     return delta > 0
 

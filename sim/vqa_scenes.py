@@ -26,10 +26,11 @@ SIZES = {"small": 0.03, "large": 0.05}  # half-extent / radius in metres
 MIN_OBJECTS, MAX_OBJECTS = 2, 6
 TABLE_X, TABLE_Y = 0.28, 0.2  # objects are placed in [-TABLE_X, TABLE_X] x [-TABLE_Y, TABLE_Y]
 CAMERA = "scene_cam"
-# The camera sits in front of the table (y < 0), looking at its centre: image left = -x,
-# image right = +x, "front" (nearer the camera) = smaller y, "behind" = larger y.
-_CAMERA_POS = (0.0, -0.75, 0.65)
-_CAMERA_XYAXES = "1 0 0 0 0.65 0.75"
+# The camera sits in front of the table (y < 0), looking at its centre. Spatial relations are judged
+# as seen from it: left/right by image position, in front of/behind by distance from the camera.
+CAMERA_POS = (0.0, -0.75, 0.65)
+CAMERA_X, CAMERA_Y = (1.0, 0.0, 0.0), (0.0, 0.65, 0.75)  # MuJoCo `xyaxes`; the camera looks along -X x Y
+CAMERA_FOVY = 45.0
 _GEOM_TYPE = {"cube": "box", "sphere": "sphere", "cylinder": "cylinder"}
 
 
@@ -82,6 +83,26 @@ def _apart(a: SceneObject, b: SceneObject, margin: float = 0.02) -> bool:
     return np.hypot(a.x - b.x, a.y - b.y) > a.radius + b.radius + margin
 
 
+def camera_view(x: float, y: float, z: float) -> tuple[float, float, float]:
+    """Where a world point appears: (u, v, depth) with u, v = image-plane offsets right and up of the
+    centre (tan units: column = W/2 + u * W / (2 tan(fovy/2))) and depth along the viewing axis."""
+    right = np.array(CAMERA_X) / np.linalg.norm(CAMERA_X)
+    up = np.array(CAMERA_Y) / np.linalg.norm(CAMERA_Y)
+    forward = -np.cross(right, up)
+    d = np.array([x, y, z]) - np.array(CAMERA_POS)
+    depth = float(d @ forward)
+    return float(d @ right) / depth, float(d @ up) / depth, depth
+
+
+def object_view(obj: SceneObject) -> tuple[float, float, float]:
+    """camera_view of an object's centre."""
+    return camera_view(obj.x, obj.y, SIZES[obj.size])
+
+
+def _fmt(values) -> str:
+    return " ".join(str(v) for v in values)
+
+
 def _scene_xml(copies: int) -> str:
     geoms = []
     for shape in SHAPES:
@@ -104,7 +125,8 @@ def _scene_xml(copies: int) -> str:
     <light pos="0 -0.3 1.5" dir="0 0.2 -1" diffuse="0.8 0.8 0.8"/>
     <light pos="0.6 0.4 1.2" dir="-0.4 -0.3 -1" diffuse="0.3 0.3 0.3"/>
     <geom name="table" type="plane" size="1.5 1.5 0.01" material="table"/>
-    <camera name="{CAMERA}" pos="{" ".join(map(str, _CAMERA_POS))}" xyaxes="{_CAMERA_XYAXES}" fovy="45"/>
+    <camera name="{CAMERA}" pos="{_fmt(CAMERA_POS)}" xyaxes="{_fmt(CAMERA_X + CAMERA_Y)}"
+            fovy="{CAMERA_FOVY}"/>
     {"".join(geoms)}
   </worldbody>
 </mujoco>"""
@@ -140,8 +162,8 @@ class SceneRenderer:
         self._renderer.update_scene(self.data, camera=CAMERA)
         return self._renderer.render()
 
-    def project(self, x: float, y: float, z: float) -> tuple[float, float]:
-        """Pixel (column, row) of a world point in this camera's image."""
+    def project(self, x: float, y: float, z: float) -> tuple[float, float, float]:
+        """Pixel (column, row) and depth of a world point, from MuJoCo's own camera pose."""
         cam = self.model.camera(CAMERA)
         mujoco.mj_forward(self.model, self.data)
         pos, mat = self.data.cam_xpos[cam.id], self.data.cam_xmat[cam.id].reshape(3, 3)
@@ -149,7 +171,7 @@ class SceneRenderer:
         f = 0.5 * self.image_size / np.tan(np.deg2rad(self.model.cam_fovy[cam.id]) / 2)
         col = self.image_size / 2 + f * local[0] / -local[2]
         row = self.image_size / 2 - f * local[1] / -local[2]
-        return float(col), float(row)
+        return float(col), float(row), float(-local[2])
 
     def close(self) -> None:
         self._renderer.close()

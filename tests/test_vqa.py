@@ -8,10 +8,25 @@ import pytest
 
 from dvla.data import VQAScenes, collate
 from dvla.sim.vqa_dataset import HELD_OUT, build_vqa_dataset
-from dvla.sim.vqa_questions import NUMBER_WORDS, QUESTION_TYPES, SPATIAL_MARGIN, generate_questions
-from dvla.sim.vqa_scenes import COLORS, SHAPES, SIZES, SceneObject, SceneRenderer, sample_scene
+from dvla.sim.vqa_questions import NUMBER_WORDS, QUESTION_TYPES, generate_questions
+from dvla.sim.vqa_scenes import (
+    COLORS,
+    SHAPES,
+    SIZES,
+    SceneObject,
+    SceneRenderer,
+    camera_view,
+    sample_scene,
+)
 
 WORDS = set(COLORS) | set(SHAPES) | set(SIZES)
+
+
+@pytest.fixture(scope="module")
+def renderer():
+    renderer = SceneRenderer(128)
+    yield renderer
+    renderer.close()
 
 
 def _find(description: str, objects: list[SceneObject]) -> list[SceneObject]:
@@ -20,8 +35,9 @@ def _find(description: str, objects: list[SceneObject]) -> list[SceneObject]:
     return [o for o in objects if all(w in (o.color, o.shape, o.size) for w in words)]
 
 
-def _oracle(question: str, objects: list[SceneObject]) -> str:
-    """An independent answerer that reads the question text and the scene state."""
+def _oracle(question: str, objects: list[SceneObject], renderer: SceneRenderer) -> str:
+    """An independent answerer that reads the question text and the scene state; spatial relations
+    come from MuJoCo's own camera (pixel columns and depth)."""
     q = question.lower().rstrip("?.")
     if m := re.search(r"(?:how many|count the|number of) (.+?)(?: are there| in the scene|$)", q):
         noun = m.group(1)
@@ -42,22 +58,23 @@ def _oracle(question: str, objects: list[SceneObject]) -> str:
         return "yes" if any(o.color == m.group(1) and o.shape == m.group(2) for o in objects) else "no"
     m = re.search(r"the (.+?) (?:located |sit )?(left of|right of|in front of|behind) the (.+)", q)
     (a,), (b,) = _find(m.group(1), objects), _find(m.group(3), objects)
-    axis, sign = {"left of": (0, -1), "right of": (0, 1), "in front of": (1, -1), "behind": (1, 1)}[
-        m.group(2)
-    ]
-    delta = sign * (np.array([a.x, a.y]) - np.array([b.x, b.y]))[axis]
-    assert abs(delta) >= SPATIAL_MARGIN
+    col_a, _, depth_a = renderer.project(a.x, a.y, SIZES[a.size])
+    col_b, _, depth_b = renderer.project(b.x, b.y, SIZES[b.size])
+    relation = {"left of": (0, -1), "right of": (0, 1), "in front of": (1, -1), "behind": (1, 1)}
+    axis, sign = relation[m.group(2)]
+    delta = sign * (col_a - col_b, depth_a - depth_b)[axis]
+    assert abs(delta) > (5.0 if axis == 0 else 0.03), "an ambiguous relation was asked"
     return "yes" if delta > 0 else "no"
 
 
-def test_every_answer_matches_the_scene_state():
+def test_every_answer_matches_the_scene_state(renderer):
     rng = np.random.default_rng(0)
     seen = {t: 0 for t in QUESTION_TYPES}
     answers = {t: set() for t in QUESTION_TYPES}
     for _ in range(300):
         objects = sample_scene(rng)
         for qa in generate_questions(objects, rng):
-            assert _oracle(qa.question, objects) == qa.answer, (qa, objects)
+            assert _oracle(qa.question, objects, renderer) == qa.answer, (qa, objects)
             seen[qa.question_type] += 1
             answers[qa.question_type].add(qa.answer)
     assert min(seen.values()) > 100  # every type is asked often
@@ -89,33 +106,32 @@ def test_scenes_are_valid():
     assert {(o.color, o.shape) for o in objects} & HELD_OUT
 
 
-def test_rendered_image_shows_each_object_where_the_metadata_says():
-    renderer = SceneRenderer(128)
+def test_geometric_camera_model_matches_mujoco(renderer):
+    f = 64 / np.tan(np.deg2rad(45) / 2)
+    for x, y, z in [(0, 0, 0), (0.25, -0.2, 0.05), (-0.28, 0.2, 0.03)]:
+        u, v, depth = camera_view(x, y, z)
+        col, row, mj_depth = renderer.project(x, y, z)
+        np.testing.assert_allclose([64 + f * u, 64 - f * v, depth], [col, row, mj_depth], atol=1e-6)
+
+
+def test_rendered_image_shows_each_object_where_the_metadata_says(renderer):
+    """At each object's projected centre the image has that object's colour (by hue direction)."""
+    palette = {c: np.array(v) for c, v in COLORS.items() if c != "white"}
     rng = np.random.default_rng(3)
-    try:
-        for _ in range(5):
-            objects = sample_scene(rng)
-            image = renderer.render(objects).astype(float)
-            for obj in objects:
-                col, row = renderer.project(obj.x, obj.y, SIZES[obj.size])
-                patch = image[int(row) - 1 : int(row) + 2, int(col) - 1 : int(col) + 2].reshape(-1, 3)
-                target = np.array(COLORS[obj.color]) * 255
-                # nearest palette colour (by hue direction) at the object's centre is its own colour
-                palette = {c: np.array(v) * 255 for c, v in COLORS.items()}
-                pixel = patch.mean(0)
-                cos = {
-                    c: pixel @ v / (np.linalg.norm(pixel) * np.linalg.norm(v) + 1e-9)
-                    for c, v in palette.items()
-                }
-                if obj.color != "white":  # white and grey-lit colours are told apart by brightness
-                    assert max(cos, key=cos.get) == obj.color, (obj, pixel, target)
-                else:
-                    assert pixel.min() > 100
-    finally:
-        renderer.close()
+    for _ in range(5):
+        objects = sample_scene(rng)
+        image = renderer.render(objects).astype(float)
+        for obj in objects:
+            col, row, _ = renderer.project(obj.x, obj.y, SIZES[obj.size])
+            pixel = image[int(row) - 1 : int(row) + 2, int(col) - 1 : int(col) + 2].reshape(-1, 3).mean(0)
+            if obj.color == "white":  # white is told apart by brightness, not hue
+                assert pixel.min() > 100, (obj, pixel)
+                continue
+            cosine = {c: pixel @ v / (np.linalg.norm(pixel) * np.linalg.norm(v)) for c, v in palette.items()}
+            assert max(cosine, key=cosine.get) == obj.color, (obj, pixel)
 
 
-def test_built_dataset_splits_and_loading(tmp_path):
+def test_built_dataset_splits_and_loading(tmp_path, renderer):
     root = tmp_path / "vqa"
     report = build_vqa_dataset(root, scenes=20, image_size=48, seed=0)
     assert report["split_scenes"] == {"train": 16, "val": 2, "test": 2, "compositional": 2}
@@ -131,7 +147,9 @@ def test_built_dataset_splits_and_loading(tmp_path):
         assert {f"{o['color']} {o['shape']}" for o in json.loads(objs)} & held_out
     for row in dd["test"]:
         objects = [SceneObject(**o) for o in json.loads(row["objects"])]
-        assert _oracle(row["question"], objects) == row["answer"]
+        assert _oracle(row["question"], objects, renderer) == row["answer"]
+    for split in ("train", "val", "test"):  # no i.i.d. question names a held-out pair either
+        assert not any(pair in q for q in dd[split]["question"] for pair in held_out)
 
     data = VQAScenes(root, "test", image_size=32)
     batch = collate([data[0], data[1]])
