@@ -90,19 +90,13 @@ def count_question(objects, rng) -> QA:
     return QA(str(rng.choice(_COUNT)).format(noun=noun), NUMBER_WORDS[n], "count")
 
 
-def color_question(objects, rng) -> QA | None:
+def attribute_question(objects, rng, attribute: str) -> QA | None:
+    """Ask the `attribute` ("color" or "shape") of an object named without it, e.g. "the large cube"."""
+    templates = {"color": _COLOR, "shape": _SHAPE}[attribute]
     for i in rng.permutation(len(objects)):
-        ref = reference(objects[i], objects, omit="color")
+        ref = reference(objects[i], objects, omit=attribute)
         if ref:
-            return QA(str(rng.choice(_COLOR)).format(ref=ref), objects[i].color, "color")
-    return None
-
-
-def shape_question(objects, rng) -> QA | None:
-    for i in rng.permutation(len(objects)):
-        ref = reference(objects[i], objects, omit="shape")
-        if ref:
-            return QA(str(rng.choice(_SHAPE)).format(ref=ref), objects[i].shape, "shape")
+            return QA(str(rng.choice(templates)).format(ref=ref), getattr(objects[i], attribute), attribute)
     return None
 
 
@@ -136,8 +130,8 @@ def generate_questions(
     """One question of each type that the scene allows (unique references, clear relations)."""
     makers = {
         "count": lambda: count_question(objects, rng),
-        "color": lambda: color_question(objects, rng),
-        "shape": lambda: shape_question(objects, rng),
+        "color": lambda: attribute_question(objects, rng, "color"),
+        "shape": lambda: attribute_question(objects, rng, "shape"),
         "exist": lambda: exist_question(objects, rng, forbidden),
         "spatial": lambda: spatial_question(objects, rng),
     }
