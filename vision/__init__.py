@@ -1,1 +1,5 @@
-"""dvla.vision: filled in by the model issue."""
+"""dvla.vision: timm encoder adapter, projector, preprocessing and augmentation."""
+
+from dvla.vision.encoder import VisionConfig, VisionEncoder, random_shift
+
+__all__ = ["VisionConfig", "VisionEncoder", "random_shift"]

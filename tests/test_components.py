@@ -1,0 +1,107 @@
+"""Vision adapter, action tokenizer, flow-matching head and text tokenizer."""
+
+import pytest
+import torch
+
+from dvla.action_head import ActionTokenizer, FlowHeadConfig, FlowMatchingHead
+from dvla.backbone.tokenizer import train_text_tokenizer
+from dvla.vision import VisionConfig, VisionEncoder, random_shift
+
+
+@pytest.mark.parametrize(
+    ("model_name", "kwargs", "tokens"),
+    [("resnet10t", {}, 4), ("vit_tiny_patch16_224", {"img_size": 64}, None)],
+)
+def test_vision_encoder_shapes(model_name, kwargs, tokens):
+    config = VisionConfig(
+        model_name=model_name,
+        image_size=64,
+        tokens_per_camera=tokens,
+        cameras=["front", "wrist"],
+        timm_kwargs=kwargs,
+    )
+    encoder = VisionEncoder(config, out_dim=24)
+    images = {"front": torch.rand(2, 3, 96, 96), "wrist": torch.rand(2, 3, 64, 64)}  # resized as needed
+    out = encoder(images, train=True)
+    k = tokens or 16  # a 64 px ViT/16 has 4 x 4 patches
+    assert out.shape == (2, 2 * k, 24) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="missing camera"):
+        encoder({"front": images["front"]})
+
+
+def test_cameras_are_told_apart():
+    torch.manual_seed(0)
+    encoder = VisionEncoder(VisionConfig(image_size=32, tokens_per_camera=2, cameras=["a", "b"]), 16).eval()
+    same = torch.rand(1, 3, 32, 32)
+    out = encoder({"a": same, "b": same})
+    assert not torch.allclose(out[:, :2], out[:, 2:])  # identical pictures, different camera embeddings
+
+
+def test_vision_config_rejects_unknown_kwargs_and_models():
+    with pytest.raises(ValueError, match="not allowed"):
+        VisionConfig(timm_kwargs={"pretrained_cfg_overlay": {}})
+    with pytest.raises(ValueError, match="timm cannot build"):
+        VisionEncoder(VisionConfig(model_name="no_such_model_v9"), 8)
+
+
+def test_random_shift_moves_content_within_the_pad():
+    image = torch.zeros(4, 3, 16, 16)
+    image[:, :, 8, 8] = 1.0
+    shifted = random_shift(image, pad=2)
+    assert shifted.shape == image.shape
+    for b in range(4):
+        y, x = (shifted[b, 0] == 1).nonzero()[0].tolist()
+        assert abs(y - 8) <= 2 and abs(x - 8) <= 2
+
+
+def test_action_tokenizer_round_trip_within_half_a_bin():
+    low, high = torch.tensor([-1.0, 0.0, -2.0]), torch.tensor([1.0, 1.0, 2.0])
+    tok = ActionTokenizer(low, high, bins=256, offset=100)
+    actions = torch.rand(5, 16, 3) * (high - low) + low  # (B, H, D)
+    ids = tok.encode(actions)
+    assert ids.shape == (5, 16, 3) and ids.min() >= 100 and ids.max() < 356
+    err = (tok.decode(ids) - actions).abs()
+    assert (err <= tok.bin_width() / 2 + 1e-6).all()
+    clipped = tok.decode(tok.encode(torch.tensor([[5.0, -5.0, 0.0]])))  # outside q01/q99 -> clipped
+    assert clipped[0, 0] == pytest.approx(1 - 1 / 256) and clipped[0, 1] == pytest.approx(0.5 / 256)
+    with pytest.raises(ValueError, match="dimensions"):
+        tok.encode(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="outside the action bins"):
+        tok.decode(torch.tensor([5]))
+    with pytest.raises(ValueError, match="NaN"):
+        tok.encode(torch.tensor([[float("nan"), 0.0, 0.0]]))
+
+
+def test_flow_head_overfits_a_few_chunks():
+    torch.manual_seed(0)
+    head = FlowMatchingHead(FlowHeadConfig(hidden_size=64, num_blocks=2, integration_steps=10), 16, 4, 8)
+    cond = torch.randn(4, 8, 16)
+    actions = torch.rand(4, 8, 4) * 2 - 1
+    opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 1000)
+    for _ in range(1000):
+        loss = head.loss(cond, actions)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    sampled = head.sample(cond, generator=torch.Generator().manual_seed(1))
+    assert sampled.shape == (4, 8, 4) and torch.isfinite(sampled).all()
+    assert (sampled - actions).abs().mean() < 0.05  # actions span [-1, 1]
+    pad = torch.zeros(4, 8, dtype=torch.bool)
+    pad[:, 4:] = True
+    assert torch.isfinite(head.loss(cond, actions, pad))
+
+
+def test_text_tokenizer_trained_on_the_data(tmp_path):
+    texts = ["Pick and place a puck to a goal", "What color is the large cube?", "red", "Count the spheres."]
+    tok = train_text_tokenizer(texts, vocab_size=300)
+    ids = tok("What color is the large cube?")["input_ids"]
+    assert tok.decode(ids) == "what color is the large cube ?"
+    assert len({tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id}) == 4
+    tok.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path)("What color is the large cube?")["input_ids"] == ids
+    with pytest.raises(ValueError, match="no text"):
+        train_text_tokenizer([])

@@ -1,0 +1,123 @@
+"""A thin adapter over timm: camera images -> K tokens per camera at the backbone's width."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# timm keyword arguments dvla passes on; anything else is rejected rather than silently forwarded.
+ALLOWED_TIMM_KWARGS = frozenset({"img_size", "drop_path_rate", "drop_rate", "global_pool"})
+
+
+@dataclass
+class VisionConfig:
+    """Which timm model reads the cameras and how its features become tokens."""
+
+    # Any timm model name. The default trains from scratch on a CPU; online users can pick a pretrained
+    # ViT such as vit_small_patch14_dinov2.lvd142m or vit_base_patch16_siglip_224 with pretrained=True.
+    model_name: str = "resnet10t"
+    # Load timm's pretrained weights (needs the hub; off for offline use).
+    pretrained: bool = False
+    # Images are resized to this square size before the encoder.
+    image_size: int = 128
+    # Tokens per camera after adaptive average pooling of the feature map; None keeps them all.
+    tokens_per_camera: int | None = 16
+    # Camera names, in a fixed order: each gets a learned embedding.
+    cameras: list[str] = field(default_factory=lambda: ["corner2"])
+    # Random-shift augmentation in training: pad by this fraction of the size, crop back (DrQ).
+    shift_fraction: float = 0.06
+    # Extra keyword arguments for timm.create_model (only those in ALLOWED_TIMM_KWARGS).
+    timm_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        bad = set(self.timm_kwargs) - ALLOWED_TIMM_KWARGS
+        if bad:
+            raise ValueError(
+                f"timm_kwargs {sorted(bad)} are not allowed; allowed: {sorted(ALLOWED_TIMM_KWARGS)}"
+            )
+        if not self.cameras or len(set(self.cameras)) != len(self.cameras):
+            raise ValueError(f"cameras must be non-empty and unique, got {self.cameras}")
+        if self.tokens_per_camera is not None and self.tokens_per_camera < 1:
+            raise ValueError(f"tokens_per_camera must be >= 1, got {self.tokens_per_camera}")
+        if not 0.0 <= self.shift_fraction < 0.5:
+            raise ValueError(f"shift_fraction must be in [0, 0.5), got {self.shift_fraction}")
+
+
+class VisionEncoder(nn.Module):
+    """images {camera: (B, 3, H, W) in [0, 1]} -> tokens (B, n_cameras * K, out_dim)."""
+
+    def __init__(self, config: VisionConfig, out_dim: int):
+        super().__init__()
+        import timm
+
+        self.config = config
+        try:
+            self.backbone = timm.create_model(
+                config.model_name, pretrained=config.pretrained, num_classes=0, **config.timm_kwargs
+            )
+        except RuntimeError as err:  # timm raises RuntimeError for unknown names
+            raise ValueError(f"timm cannot build {config.model_name!r}: {err}") from err
+        data_config = timm.data.resolve_model_data_config(self.backbone)
+        self.register_buffer("mean", torch.tensor(data_config["mean"]).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(data_config["std"]).view(1, 3, 1, 1), persistent=False)
+        self.num_prefix_tokens = getattr(self.backbone, "num_prefix_tokens", 0)
+        width = self.backbone.num_features
+        self.projector = nn.Sequential(nn.Linear(width, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
+        self.camera_embed = nn.Embedding(len(config.cameras), out_dim)
+        self.tokens_per_camera = config.tokens_per_camera or self._count_tokens()
+        self.token_embed = nn.Parameter(torch.zeros(self.tokens_per_camera, out_dim))
+        nn.init.normal_(self.token_embed, std=0.02)
+
+    def _count_tokens(self) -> int:
+        with torch.no_grad():
+            probe = torch.zeros(1, 3, self.config.image_size, self.config.image_size)
+            return self._features(probe).shape[1]
+
+    def preprocess(self, image: torch.Tensor, train: bool) -> torch.Tensor:
+        """(B, 3, H, W) in [0, 1] -> resized, (in training) randomly shifted, normalised."""
+        size = self.config.image_size
+        if image.shape[-2:] != (size, size):
+            image = F.interpolate(
+                image, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+            )
+        if train and self.config.shift_fraction > 0:
+            image = random_shift(image, round(size * self.config.shift_fraction))
+        return (image - self.mean) / self.std
+
+    def _features(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.backbone.forward_features(x)
+        if features.dim() == 4:  # CNN: (B, C, h, w) -> (B, h*w, C)
+            return features.flatten(2).transpose(1, 2)
+        return features[:, self.num_prefix_tokens :]  # ViT: drop class/register tokens, (B, N, C)
+
+    def forward(self, images: dict[str, torch.Tensor], train: bool = False) -> torch.Tensor:
+        missing = [c for c in self.config.cameras if c not in images]
+        if missing:
+            raise ValueError(f"missing camera(s) {missing}; the encoder expects {self.config.cameras}")
+        tokens = []
+        for i, camera in enumerate(self.config.cameras):
+            x = self._features(self.preprocess(images[camera], train))  # (B, N, C)
+            if x.shape[1] != self.tokens_per_camera:
+                x = F.adaptive_avg_pool1d(x.transpose(1, 2), self.tokens_per_camera).transpose(
+                    1, 2
+                )  # (B, K, C)
+            x = self.projector(x) + self.token_embed + self.camera_embed.weight[i]  # (B, K, d)
+            tokens.append(x)
+        return torch.cat(tokens, dim=1)  # (B, n_cameras * K, d)
+
+
+def random_shift(image: torch.Tensor, pad: int) -> torch.Tensor:
+    """Pad by replicating the border and crop back at a random offset per sample: (B, 3, H, W)."""
+    if pad <= 0:
+        return image
+    b, _, h, w = image.shape
+    padded = F.pad(image, (pad, pad, pad, pad), mode="replicate")
+    dx = torch.randint(0, 2 * pad + 1, (b,))
+    dy = torch.randint(0, 2 * pad + 1, (b,))
+    rows = (dy[:, None] + torch.arange(h))[:, :, None].expand(b, h, w)  # (B, H, W)
+    cols = (dx[:, None] + torch.arange(w))[:, None, :].expand(b, h, w)
+    batch = torch.arange(b)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)
