@@ -1,0 +1,63 @@
+"""Typed model inputs, with shapes in the annotations, and fake ones for tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Observation:
+    images: dict[str, torch.Tensor]  # camera -> (B, 3, H, W) float in [0, 1]
+    text_ids: torch.Tensor  # (B, L) instruction or question tokens
+    text_valid: torch.Tensor  # (B, L) bool, False for padding
+    state: torch.Tensor | None = None  # (B, S) normalised to [-1, 1]; None for VQA
+
+    @property
+    def batch_size(self) -> int:
+        return self.text_ids.shape[0]
+
+
+@dataclass
+class ActionBatch:
+    observation: Observation
+    actions: torch.Tensor  # (B, H, D) normalised to [-1, 1]
+    actions_is_pad: torch.Tensor  # (B, H) bool, True past the episode end
+
+
+@dataclass
+class VQABatch:
+    observation: Observation
+    answer_ids: torch.Tensor  # (B, A) answer tokens padded with EOS
+
+
+def fake_observation(
+    batch: int,
+    cameras: list[str],
+    image_size: int,
+    text_len: int,
+    vocab: int,
+    state_dim: int | None,
+    seed: int = 0,
+) -> Observation:
+    g = torch.Generator().manual_seed(seed)
+    valid = torch.ones(batch, text_len, dtype=torch.bool)
+    valid[0, text_len // 2 :] = False  # one shorter instruction
+    return Observation(
+        images={c: torch.rand(batch, 3, image_size, image_size, generator=g) for c in cameras},
+        text_ids=torch.randint(4, vocab, (batch, text_len), generator=g),
+        text_valid=valid,
+        state=None if state_dim is None else torch.rand(batch, state_dim, generator=g) * 2 - 1,
+    )
+
+
+def fake_action_batch(batch, cameras, image_size, text_len, vocab, state_dim, chunk, action_dim, seed=0):
+    g = torch.Generator().manual_seed(seed + 1)
+    is_pad = torch.zeros(batch, chunk, dtype=torch.bool)
+    is_pad[-1, chunk // 2 :] = True  # one chunk runs past its episode's end
+    return ActionBatch(
+        observation=fake_observation(batch, cameras, image_size, text_len, vocab, state_dim, seed),
+        actions=torch.rand(batch, chunk, action_dim, generator=g) * 2 - 1,
+        actions_is_pad=is_pad,
+    )

@@ -1,0 +1,77 @@
+"""A checkpoint is one folder: config.json (with type tags), model.safetensors, tokenizer/, stats.json.
+
+Written to a temporary folder and renamed into place, so a crash never leaves a half-written
+checkpoint under the final name. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import draccus
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from dvla.model import DiffusionVLA, TextSpecials
+from dvla.model_config import DiffusionVLAConfig
+
+CONFIG_FILE, WEIGHTS_FILE, STATS_FILE, TOKENIZER_DIR = (
+    "config.json",
+    "model.safetensors",
+    "stats.json",
+    "tokenizer",
+)
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(path: str | Path, model: DiffusionVLA, tokenizer, stats: dict) -> Path:
+    """Save everything needed to rebuild `model` exactly; `stats` maps feature -> {stat: array}."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = {
+        "format_version": FORMAT_VERSION,
+        "model": draccus.encode(model.config),
+        "text": asdict(model.text),
+    }
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    save_model(model, str(tmp / WEIGHTS_FILE))
+    tokenizer.save_pretrained(tmp / TOKENIZER_DIR)
+    plain = {k: {s: np.asarray(v).tolist() for s, v in feature.items()} for k, feature in stats.items()}
+    (tmp / STATS_FILE).write_text(json.dumps(plain, indent=2))
+    if path.exists():
+        shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
+    """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / CONFIG_FILE).exists():
+        raise FileNotFoundError(
+            f"{path} is not a dvla checkpoint (no {CONFIG_FILE}); train one with `dvla train`"
+        )
+    config = json.loads((path / CONFIG_FILE).read_text())
+    if config.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: checkpoint format {config.get('format_version')}, this dvla reads {FORMAT_VERSION}"
+        )
+    model_config = draccus.decode(DiffusionVLAConfig, config["model"])
+    if model_config.type != "dvla":
+        raise ValueError(f"{path}: a {model_config.type!r} checkpoint, not a dvla one")
+    model = DiffusionVLA(model_config, TextSpecials(**config["text"]))
+    load_model(model, str(path / WEIGHTS_FILE), strict=True, device=str(device))  # raises on any mismatch
+    tokenizer = AutoTokenizer.from_pretrained(path / TOKENIZER_DIR)
+    stats = {
+        k: {s: np.asarray(v, dtype=np.float64) for s, v in feature.items()}
+        for k, feature in json.loads((path / STATS_FILE).read_text()).items()
+    }
+    return model.to(device).eval(), tokenizer, stats

@@ -1,0 +1,256 @@
+"""DiffusionVLA: camera images + instruction + state -> an action chunk in a few parallel steps;
+the same backbone answers questions about images.
+
+Sequence: [prefix: image tokens | text tokens | state token] [target: H*D action tokens, H flow
+queries, or A answer tokens]. The prefix attends within itself, the target to everything, so the
+prefix KV cache is computed once per observation and reused at every denoising step.
+
+Vocabulary (from scratch): [text tokens (V_text) | action bins | MASK].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dvla.action_head.flow import FlowMatchingHead
+from dvla.action_head.tokenizer import ActionTokenizer
+from dvla.backbone import layout
+from dvla.backbone.configuration import DiffusionLMConfig
+from dvla.backbone.decoder import DecodeConfig, decode, decode_autoregressive
+from dvla.backbone.loss import masked_diffusion_loss
+from dvla.backbone.modeling import DiffusionLM, KVCache
+from dvla.backbone.schedule import mask_tokens, sample_times
+from dvla.batch import ActionBatch, Observation, VQABatch
+from dvla.model_config import DiffusionVLAConfig
+from dvla.vision.encoder import VisionEncoder
+
+
+@dataclass
+class TextSpecials:
+    """Ids the model needs from the text tokenizer (looked up by name there, never literals)."""
+
+    vocab_size: int
+    pad_id: int
+    eos_id: int
+
+
+@dataclass
+class Prefix:
+    cache: KVCache  # per layer keys/values of the prefix
+    valid: torch.Tensor  # (B, P) bool
+
+
+class DiffusionVLA(nn.Module):
+    def __init__(self, config: DiffusionVLAConfig, text: TextSpecials):
+        super().__init__()
+        self.config, self.text = config, text
+        bins = config.action_bins
+        self.action_offset = text.vocab_size
+        self.mask_id = text.vocab_size + bins
+        size = config.backbone
+        self.backbone = DiffusionLM(
+            DiffusionLMConfig(
+                vocab_size=text.vocab_size + bins + 1,
+                hidden_size=size.hidden_size,
+                intermediate_size=size.intermediate_size,
+                num_hidden_layers=size.num_hidden_layers,
+                num_attention_heads=size.num_attention_heads,
+                num_key_value_heads=size.num_key_value_heads,
+                mask_token_id=self.mask_id,
+                pad_token_id=text.pad_id,
+                eos_token_id=text.eos_id,
+            )
+        )
+        d = size.hidden_size
+        self.vision = VisionEncoder(config.vision, d)
+        self.state_proj = nn.Sequential(nn.Linear(config.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.action_tokens = ActionTokenizer(
+            -torch.ones(config.action_dim), torch.ones(config.action_dim), bins
+        )
+        self.action_step_embed = nn.Embedding(config.chunk_size, d)  # which step of the chunk
+        self.action_dim_embed = nn.Embedding(config.action_dim, d)  # which action dimension
+        nn.init.normal_(self.action_step_embed.weight, std=0.02)
+        nn.init.normal_(self.action_dim_embed.weight, std=0.02)
+        self.flow = (
+            FlowMatchingHead(config.flow, d, config.action_dim, config.chunk_size)
+            if config.action_head == "flow"
+            else None
+        )
+
+    # ---- prefix ---------------------------------------------------------------------------------
+    def prefix_embeds(self, obs: Observation, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, P, d) embeddings of [images | text | state] and their validity (B, P)."""
+        image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
+        text = self.backbone.embed(obs.text_ids)  # (B, L, d)
+        parts, valid = (
+            [image_tokens, text],
+            [torch.ones(image_tokens.shape[:2], dtype=torch.bool), obs.text_valid],
+        )
+        if obs.state is not None:
+            parts.append(self.state_proj(obs.state)[:, None])  # (B, 1, d)
+            valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
+        valid = torch.cat([v.to(text.device) for v in valid], dim=1)
+        return torch.cat(parts, dim=1), valid
+
+    def encode_prefix(self, obs: Observation) -> Prefix:
+        """One backbone pass over the prefix; its keys/values serve every later step."""
+        embeds, valid = self.prefix_embeds(obs)
+        out = self.backbone(
+            inputs_embeds=embeds,
+            position_ids=layout.prefix_positions(valid),
+            attention_mask=layout.prefix_mask(valid),
+            return_logits=False,
+        )
+        return Prefix(out.past_key_values, valid)
+
+    def _target_hidden(self, prefix: Prefix, target_embeds: torch.Tensor) -> torch.Tensor:
+        t = target_embeds.shape[1]
+        out = self.backbone(
+            inputs_embeds=target_embeds,
+            position_ids=layout.target_positions(prefix.valid, t),
+            attention_mask=layout.target_mask(prefix.valid, t),
+            past_key_values=prefix.cache,
+            return_logits=False,
+        )
+        return out.hidden_states  # (B, T, d)
+
+    def _full_hidden(self, obs: Observation, target_embeds: torch.Tensor, train: bool) -> torch.Tensor:
+        """Training: prefix and target in one pass with the same layout. Returns target states (B, T, d)."""
+        prefix, valid = self.prefix_embeds(obs, train=train)
+        t = target_embeds.shape[1]
+        out = self.backbone(
+            inputs_embeds=torch.cat([prefix, target_embeds], dim=1),
+            position_ids=torch.cat(
+                [layout.prefix_positions(valid), layout.target_positions(valid, t)], dim=1
+            ),
+            attention_mask=layout.full_mask(valid, t),
+            return_logits=False,
+        )
+        return out.hidden_states[:, -t:]
+
+    # ---- discrete actions -----------------------------------------------------------------------
+    def action_embeds(self, bin_tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Embed action tokens at flattened chunk positions start .. start+n-1: (B, n) bins, with the
+        value `bins` for hidden ones -> (B, n, d), plus chunk-step and action-dimension embeddings."""
+        d = self.config.action_dim
+        hidden = bin_tokens == self.config.action_bins
+        ids = torch.where(hidden, torch.full_like(bin_tokens, self.mask_id), bin_tokens + self.action_offset)
+        pos = torch.arange(start, start + bin_tokens.shape[1], device=ids.device)
+        return self.backbone.embed(ids) + self.action_step_embed(pos // d) + self.action_dim_embed(pos % d)
+
+    def bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the action bins only: (B, T, d) -> (B, T, bins)."""
+        w = self.backbone.lm_head.weight[self.action_offset : self.action_offset + self.config.action_bins]
+        return hidden @ w.T
+
+    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the text vocabulary only (answers): (B, T, d) -> (B, T, V_text)."""
+        return hidden @ self.backbone.lm_head.weight[: self.text.vocab_size].T
+
+    # ---- training -------------------------------------------------------------------------------
+    def compute_loss(self, batch: ActionBatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
+        valid = ~batch.actions_is_pad  # (B, H)
+        if self.flow is not None:
+            queries = self.flow.queries.expand(batch.actions.shape[0], -1, -1)  # (B, H, d)
+            cond = self._full_hidden(batch.observation, queries, train=True)
+            loss = self.flow.loss(cond, batch.actions, batch.actions_is_pad, generator)
+            return loss, {"flow_mse": float(loss.detach())}
+        bins = self.action_tokens.encode(batch.actions).flatten(1)  # (B, H*D) in [0, bins)
+        valid = valid.repeat_interleave(self.config.action_dim, dim=1)  # (B, H*D)
+        t = sample_times(bins.shape[0], generator=generator).to(bins.device)
+        noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
+        noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
+        hidden = self._full_hidden(batch.observation, self.action_embeds(noisy), train=True)
+        return masked_diffusion_loss(self.bin_logits(hidden), bins, masked & valid, t, valid)
+
+    def compute_vqa_loss(self, batch: VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
+        answers = batch.answer_ids  # (B, A)
+        t = sample_times(answers.shape[0], generator=generator).to(answers.device)
+        noisy, masked = mask_tokens(answers, t, self.mask_id, generator=generator)
+        hidden = self._full_hidden(batch.observation, self.backbone.embed(noisy), train=True)
+        return masked_diffusion_loss(self.text_logits(hidden), answers, masked, t)
+
+    # ---- inference ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample_actions(self, obs: Observation, decode_config: DecodeConfig, generator=None):
+        """Action chunk (B, H, D) in [-1, 1] and the number of backbone forwards (prefix pass included)."""
+        prefix = self.encode_prefix(obs)
+        h, d = self.config.chunk_size, self.config.action_dim
+        if self.flow is not None:
+            cond = self._target_hidden(prefix, self.flow.queries.expand(obs.batch_size, -1, -1))
+            return self.flow.sample(cond, generator=generator), 2
+        blank = torch.full((obs.batch_size, h * d), self.config.action_bins, device=prefix.valid.device)
+        if decode_config.autoregressive:
+            result = decode_autoregressive(
+                self._ar_step_fn(prefix), blank, self.config.action_bins, decode_config, generator=generator
+            )
+        else:
+            result = decode(
+                lambda tokens: self.bin_logits(self._target_hidden(prefix, self.action_embeds(tokens))),
+                blank,
+                self.config.action_bins,
+                decode_config,
+                generator=generator,
+            )
+        actions = self.action_tokens.decode(result.tokens.view(-1, h, d))
+        return actions, result.forwards + 1
+
+    def _ar_step_fn(self, prefix: Prefix):
+        """Left-to-right decoding with a KV cache: each forward feeds the token chosen at k-1 (cached
+        for later steps) and a hidden token at k (whose logits are returned, then dropped)."""
+        state = {"cache": prefix.cache, "length": 0}
+        mask_bin = self.config.action_bins
+
+        def step(k: int, previous: torch.Tensor | None) -> torch.Tensor:
+            b = prefix.valid.shape[0]
+            hidden_k = torch.full((b, 1), mask_bin, device=prefix.valid.device)
+            tokens = hidden_k if previous is None else torch.cat([previous[:, None], hidden_k], dim=1)
+            embeds = self.action_embeds(tokens, start=k - (tokens.shape[1] - 1))
+            n_new, cached = tokens.shape[1], state["length"]
+            keys = torch.cat(
+                [prefix.valid, torch.ones(b, cached + n_new, dtype=torch.bool, device=prefix.valid.device)], 1
+            )
+            mask = keys[:, None, None, :].expand(-1, 1, n_new, -1).clone()
+            if n_new == 2:
+                mask[:, :, 0, -1] = False  # the chosen token does not see the hidden one after it
+            positions = layout.target_positions(prefix.valid, cached + n_new)[:, cached:]
+            out = self.backbone(
+                inputs_embeds=embeds,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=state["cache"],
+                return_logits=False,
+            )
+            state["cache"] = [(keys_[:, :, :-1], values[:, :, :-1]) for keys_, values in out.past_key_values]
+            state["length"] = cached + n_new - 1  # the chosen token is cached, the hidden one dropped
+            return self.bin_logits(out.hidden_states[:, -1])  # (B, bins)
+
+        return step
+
+    @torch.no_grad()
+    def answer_ids(self, obs: Observation, decode_config: DecodeConfig, generator=None):
+        """Answer token ids (B, A) for questions (text in `obs`) and the decode result."""
+        prefix = self.encode_prefix(obs)
+        blank = torch.full(
+            (obs.batch_size, self.config.answer_tokens), self.mask_id, device=prefix.valid.device
+        )
+        result = decode(
+            lambda tokens: self._full_vocab_text_logits(prefix, tokens),
+            blank,
+            self.mask_id,
+            decode_config,
+            generator=generator,
+        )
+        return result
+
+    def _full_vocab_text_logits(self, prefix: Prefix, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, A, vocab) with everything but text tokens forbidden (answers are text)."""
+        hidden = self._target_hidden(prefix, self.backbone.embed(tokens))
+        logits = torch.full(
+            (*tokens.shape, self.backbone.config.vocab_size), float("-inf"), device=hidden.device
+        )
+        logits[..., : self.text.vocab_size] = self.text_logits(hidden)
+        return logits

@@ -1,0 +1,57 @@
+"""Configuration of the assembled VLA (vision -> diffusion backbone -> action head)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dvla.action_head.flow import FlowHeadConfig
+from dvla.vision.encoder import VisionConfig
+
+ACTION_HEADS = ("discrete", "flow")
+
+
+@dataclass
+class BackboneSize:
+    """Size of a backbone trained from scratch (ignored when `init_from` names a causal LM)."""
+
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
+    # A Llama/Qwen2/Mistral causal LM (folder or hub id) to adapt instead (DiffuLLaMA-style).
+    init_from: str | None = None
+
+
+@dataclass
+class DiffusionVLAConfig:
+    """Everything that shapes the model; saved with every checkpoint (`type` tags the class)."""
+
+    type: str = "dvla"
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    backbone: BackboneSize = field(default_factory=BackboneSize)
+    # "discrete": H*D action tokens in bins, filled by the parallel decoder; "flow": H action queries,
+    # one backbone pass, a rectified flow integrated by a small head.
+    action_head: str = "discrete"
+    flow: FlowHeadConfig = field(default_factory=FlowHeadConfig)
+    # Action chunk length H and action / state dimensions D and S.
+    chunk_size: int = 16
+    action_dim: int = 4
+    state_dim: int = 4
+    # Uniform bins per action dimension (discrete head).
+    action_bins: int = 256
+    # Instruction / question length in text tokens (longer text is cut, with a warning by the processor).
+    max_text_tokens: int = 32
+    # Fixed answer block length for VQA (answers padded with EOS).
+    answer_tokens: int = 4
+    # Size of the text tokenizer trained on the data when the backbone starts from scratch.
+    text_vocab_size: int = 1000
+
+    def __post_init__(self):
+        if self.action_head not in ACTION_HEADS:
+            raise ValueError(f"unknown action_head {self.action_head!r}; choose one of {ACTION_HEADS}")
+        for name in ("chunk_size", "action_dim", "state_dim", "max_text_tokens", "answer_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.action_bins < 2:
+            raise ValueError(f"action_bins must be >= 2, got {self.action_bins}")

@@ -1,0 +1,188 @@
+"""The assembled VLA: shapes, exact prefix caching, decoding modes, overfitting, VQA, checkpoints."""
+
+import pytest
+import torch
+
+from dvla.backbone import layout
+from dvla.backbone.decoder import DecodeConfig
+from dvla.backbone.tokenizer import train_text_tokenizer
+from dvla.batch import VQABatch, fake_action_batch, fake_observation
+from dvla.checkpoint import load_checkpoint, save_checkpoint
+from dvla.model import DiffusionVLA, TextSpecials
+from dvla.model_config import BackboneSize, DiffusionVLAConfig
+from dvla.vision import VisionConfig
+
+TEXT = TextSpecials(vocab_size=50, pad_id=0, eos_id=2)
+
+
+def tiny_vla(head="discrete", model_name="resnet10t", cameras=("a", "b"), **overrides) -> DiffusionVLA:
+    kwargs = {"img_size": 32} if model_name.startswith("vit") else {}
+    vision = VisionConfig(
+        model_name=model_name,
+        image_size=32,
+        tokens_per_camera=4,
+        cameras=list(cameras),
+        shift_fraction=0.0,
+        timm_kwargs=kwargs,
+    )
+    values = dict(
+        vision=vision,
+        backbone=BackboneSize(64, 128, 2, 4),
+        action_head=head,
+        chunk_size=4,
+        action_dim=3,
+        state_dim=5,
+        action_bins=32,
+        answer_tokens=3,
+    )
+    return DiffusionVLA(DiffusionVLAConfig(**{**values, **overrides}), TEXT)
+
+
+def batch(cameras=("a", "b"), size=3):
+    return fake_action_batch(size, list(cameras), 32, 6, 50, 5, 4, 3)
+
+
+@pytest.mark.parametrize("head", ["discrete", "flow"])
+@pytest.mark.parametrize("model_name", ["resnet10t", "vit_tiny_patch16_224"])
+def test_shapes_for_every_encoder_and_head(head, model_name):
+    torch.manual_seed(0)
+    model = tiny_vla(head, model_name)
+    data = batch()
+    loss, metrics = model.compute_loss(data)
+    assert loss.ndim == 0 and torch.isfinite(loss) and metrics
+    loss.backward()
+    assert model.vision.projector[0].weight.grad is not None  # gradients reach the vision adapter
+    actions, forwards = model.eval().sample_actions(data.observation, DecodeConfig(steps=2))
+    assert actions.shape == (3, 4, 3) and torch.isfinite(actions).all()
+    if head == "discrete":
+        assert actions.abs().max() <= 1 and forwards == 3  # the prefix pass + 2 steps
+    else:
+        assert forwards == 2  # the prefix pass + one pass over the action queries
+
+
+def test_cached_prefix_decoding_logits_equal_the_full_pass():
+    torch.manual_seed(1)
+    model = tiny_vla().eval()
+    obs = batch().observation
+    tokens = torch.randint(0, 33, (3, 12))  # bins, with 32 = hidden
+    with torch.no_grad():
+        prefix = model.encode_prefix(obs)
+        cached = model.bin_logits(model._target_hidden(prefix, model.action_embeds(tokens)))
+        full = model.bin_logits(model._full_hidden(obs, model.action_embeds(tokens), train=False))
+    torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
+
+
+def test_autoregressive_kv_cache_matches_recomputing_each_step():
+    """Each AR step's logits equal a fresh pass over [prefix | chosen tokens | hidden token k]."""
+    torch.manual_seed(2)
+    model = tiny_vla().eval()
+    obs = batch().observation
+    chosen = torch.randint(0, 32, (3, 12))
+    with torch.no_grad():
+        prefix = model.encode_prefix(obs)
+        step = model._ar_step_fn(prefix)
+        embeds, valid = model.prefix_embeds(obs)
+        for k in range(5):
+            ar = step(k, None if k == 0 else chosen[:, k - 1])
+            tokens = torch.cat([chosen[:, :k], torch.full((3, 1), 32)], dim=1)  # (B, k+1)
+            n = k + 1
+            mask = layout.full_mask(valid, n).clone()
+            p = valid.shape[1]
+            mask[:, :, p : p + k, p + k] = False  # chosen tokens do not see the hidden one
+            causal = torch.ones(n, n, dtype=torch.bool).tril()  # nor later chosen tokens
+            mask[:, :, p:, p:] &= causal
+            positions = torch.cat([layout.prefix_positions(valid), layout.target_positions(valid, n)], 1)
+            out = model.backbone(
+                inputs_embeds=torch.cat([embeds, model.action_embeds(tokens)], 1),
+                position_ids=positions,
+                attention_mask=mask,
+                return_logits=False,
+            )
+            torch.testing.assert_close(ar, model.bin_logits(out.hidden_states[:, -1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4, 12])
+def test_forwards_are_the_steps_asked_for_plus_the_prefix(steps):
+    model = tiny_vla().eval()
+    _, forwards = model.sample_actions(batch().observation, DecodeConfig(steps=steps))
+    assert forwards == steps + 1
+    _, forwards = model.sample_actions(batch().observation, DecodeConfig(autoregressive=True))
+    assert forwards == 12 + 1  # one per action token
+
+
+def _overfit(model, data, steps, loss_fn, anneal=False):
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if anneal else None
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = loss_fn(data)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if schedule is not None:
+            schedule.step()
+    return model.eval()
+
+
+def test_discrete_model_overfits_four_chunks_to_within_one_bin():
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("a",))
+    data = batch(cameras=("a",), size=4)
+    data.actions_is_pad[:] = False
+    _overfit(model, data, 250, model.compute_loss)
+    for steps in (1, 4):
+        actions, _ = model.sample_actions(data.observation, DecodeConfig(steps=steps))
+        assert ((actions - data.actions).abs() <= 2 / 32).all(), steps  # one bin of [-1, 1] / 32
+
+
+def test_flow_model_overfits_four_chunks():
+    torch.manual_seed(0)
+    model = tiny_vla("flow", cameras=("a",))
+    data = batch(cameras=("a",), size=4)
+    data.actions_is_pad[:] = False
+    _overfit(model, data, 400, model.compute_loss, anneal=True)  # flow regression wants a decaying rate
+    actions, _ = model.sample_actions(
+        data.observation, DecodeConfig(), generator=torch.Generator().manual_seed(0)
+    )
+    assert (actions - data.actions).abs().mean() < 0.1
+
+
+def test_vqa_answers_through_the_same_backbone():
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("scene",))
+    obs = fake_observation(4, ["scene"], 32, 6, 50, None)
+    answers = torch.tensor([[10, 2, 2], [11, 12, 2], [13, 2, 2], [14, 15, 16]])  # padded with EOS (2)
+    vqa = VQABatch(obs, answers)
+    _overfit(model, vqa, 300, model.compute_vqa_loss)
+    result = model.answer_ids(obs, DecodeConfig(steps=3))
+    assert torch.equal(result.tokens, answers) and result.forwards == 3
+    assert (result.tokens < TEXT.vocab_size).all()  # answers are text tokens only
+
+
+def test_checkpoint_round_trip_is_bit_exact(tmp_path):
+    torch.manual_seed(3)
+    model = tiny_vla().eval()
+    tokenizer = train_text_tokenizer(["pick the red cube", "open the door"], vocab_size=60)
+    stats = {"action": {"q01": torch.tensor([-1.0, 0.0, 0.5]).numpy(), "q99": torch.ones(3).numpy()}}
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, stats)
+    loaded, loaded_tokenizer, loaded_stats = load_checkpoint(tmp_path / "ckpt")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    assert loaded.config == model.config and loaded.text == model.text
+    obs = batch().observation
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    assert torch.equal(
+        model.sample_actions(obs, DecodeConfig(steps=2), gen())[0],
+        loaded.sample_actions(obs, DecodeConfig(steps=2), gen())[0],
+    )
+    assert loaded_tokenizer("open the door")["input_ids"] == tokenizer("open the door")["input_ids"]
+    assert loaded_stats["action"]["q01"].tolist() == [-1.0, 0.0, 0.5]
+    with pytest.raises(FileNotFoundError, match="not a dvla checkpoint"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_bad_model_configs():
+    with pytest.raises(ValueError, match="unknown action_head"):
+        DiffusionVLAConfig(action_head="diffusion")
+    with pytest.raises(ValueError, match="chunk_size"):
+        DiffusionVLAConfig(chunk_size=0)
