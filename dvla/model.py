@@ -36,6 +36,10 @@ class TextSpecials:
     pad_id: int
     eos_id: int
 
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TextSpecials:
+        return cls(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+
 
 @dataclass
 class Prefix:

@@ -15,7 +15,9 @@ from dvla.vision import VisionConfig
 TEXT = TextSpecials(vocab_size=50, pad_id=0, eos_id=2)
 
 
-def tiny_vla(head="discrete", model_name="resnet10t", cameras=("a", "b"), **overrides) -> DiffusionVLA:
+def tiny_vla(
+    head="discrete", model_name="resnet10t", cameras=("a", "b"), text=TEXT, **overrides
+) -> DiffusionVLA:
     kwargs = {"img_size": 32} if model_name.startswith("vit") else {}
     vision = VisionConfig(
         model_name=model_name,
@@ -35,7 +37,7 @@ def tiny_vla(head="discrete", model_name="resnet10t", cameras=("a", "b"), **over
         action_bins=32,
         answer_tokens=3,
     )
-    return DiffusionVLA(DiffusionVLAConfig(**{**values, **overrides}), TEXT)
+    return DiffusionVLA(DiffusionVLAConfig(**{**values, **overrides}), text)
 
 
 def batch(cameras=("a", "b"), size=3):

@@ -1,0 +1,110 @@
+"""The policy wrapper: raw observations in, robot actions out (normalisation, text, action queue).
+
+Shaped like lerobot's PreTrainedPolicy (`reset`, `select_action`, `predict_action_chunk`) over the
+pure model (`DiffusionVLA.compute_loss` / `sample_actions`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dvla.backbone.decoder import DecodeConfig
+from dvla.batch import ActionBatch, Observation, VQABatch
+from dvla.model import DiffusionVLA
+from dvla.processor import QuantileNormalizer, decode_answers, encode_answers, encode_text
+
+STATE_KEY, ACTION_KEY = "observation.state", "action"
+
+
+@dataclass
+class PolicyConfig:
+    """How the policy acts at run time."""
+
+    # Actions executed from each predicted chunk before predicting again (receding horizon);
+    # None = half the chunk.
+    n_action_steps: int | None = None
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+class DiffusionVLAPolicy:
+    def __init__(self, model: DiffusionVLA, tokenizer, stats: dict, config: PolicyConfig | None = None):
+        self.model, self.tokenizer, self.stats = model, tokenizer, stats
+        self.config = config or PolicyConfig()
+        chunk, steps = model.config.chunk_size, self.config.n_action_steps
+        if steps is None:
+            steps = self.config.n_action_steps = max(1, chunk // 2)
+        if not 1 <= steps <= chunk:
+            raise ValueError(f"n_action_steps must be in [1, chunk_size={chunk}], got {steps}")
+        self.state_norm = QuantileNormalizer(stats, STATE_KEY)
+        self.action_norm = QuantileNormalizer(stats, ACTION_KEY)
+        self._queue: deque[torch.Tensor] = deque()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: PolicyConfig | None = None, device="cpu"):
+        from dvla.checkpoint import load_checkpoint
+
+        model, tokenizer, stats = load_checkpoint(path, device)
+        return cls(model, tokenizer, stats, config)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self) -> None:
+        """Forget queued actions (call at every episode start)."""
+        self._queue.clear()
+
+    def observation(self, images: dict[str, torch.Tensor], texts: list[str], state: torch.Tensor | None):
+        """images {camera: (B, 3, H, W) float in [0, 1] or (B, H, W, 3) uint8}, raw state (B, S)."""
+        images = {name: _to_float_chw(img).to(self.device) for name, img in images.items()}
+        ids, valid = encode_text(self.tokenizer, texts, self.model.config.max_text_tokens)
+        if state is not None:
+            state = self.state_norm.normalize(torch.as_tensor(state, dtype=torch.float32)).to(self.device)
+        return Observation(images, ids.to(self.device), valid.to(self.device), state)
+
+    def action_batch(self, sample: dict) -> ActionBatch:
+        """A collated LeRobotChunks batch (dvla.data) -> the model's training batch."""
+        obs = self.observation(sample["images"], sample["task"], sample["state"])
+        actions = self.action_norm.normalize(sample["actions"].float()).to(self.device)
+        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device))
+
+    def vqa_batch(self, sample: dict) -> VQABatch:
+        """A collated VQAScenes batch -> the model's VQA training batch."""
+        obs = self.observation(sample["images"], sample["question"], None)
+        answers = encode_answers(self.tokenizer, sample["answer"], self.model.config.answer_tokens)
+        return VQABatch(obs, answers.to(self.device))
+
+    @torch.no_grad()
+    def predict_action_chunk(self, images, texts, state) -> torch.Tensor:
+        """A whole chunk (B, H, D) in robot units."""
+        self.model.eval()
+        actions, _ = self.model.sample_actions(self.observation(images, texts, state), self.config.decode)
+        return self.action_norm.unnormalize(actions.float())
+
+    @torch.no_grad()
+    def select_action(self, images, texts, state) -> torch.Tensor:
+        """The next action (B, D): from the queue, re-planned every n_action_steps."""
+        if not self._queue:
+            chunk = self.predict_action_chunk(images, texts, state)  # (B, H, D)
+            self._queue.extend(chunk[:, : self.config.n_action_steps].unbind(1))
+        return self._queue.popleft()
+
+    @torch.no_grad()
+    def answer(self, images, questions: list[str], decode: DecodeConfig | None = None) -> list[str]:
+        """Answers to questions about images (one question per image)."""
+        self.model.eval()
+        result = self.model.answer_ids(
+            self.observation(images, questions, None), decode or self.config.decode
+        )
+        return decode_answers(self.tokenizer, result.tokens)
+
+
+def _to_float_chw(image: torch.Tensor) -> torch.Tensor:
+    image = torch.as_tensor(image)
+    if image.dtype == torch.uint8:  # (B, H, W, 3) camera frames
+        return image.permute(0, 3, 1, 2).float() / 255
+    return image.float()
