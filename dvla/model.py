@@ -179,8 +179,12 @@ class DiffusionVLA(nn.Module):
 
     # ---- inference ------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample_actions(self, obs: Observation, decode_config: DecodeConfig, generator=None):
-        """Action chunk (B, H, D) in [-1, 1] and the number of backbone forwards (prefix pass included)."""
+    def sample_actions(self, obs: Observation, decode_config: DecodeConfig, generator=None, use_cache=True):
+        """Action chunk (B, H, D) in [-1, 1] and the number of backbone forwards (prefix pass included).
+
+        use_cache=False recomputes the prefix at every step (for comparison; same result)."""
+        if not use_cache and (self.flow is not None or decode_config.autoregressive):
+            raise ValueError("use_cache=False is only for parallel decoding of discrete actions")
         prefix = self.encode_prefix(obs)
         h, d = self.config.chunk_size, self.config.action_dim
         if self.flow is not None:
@@ -192,15 +196,19 @@ class DiffusionVLA(nn.Module):
                 self._ar_step_fn(prefix), blank, self.config.action_bins, decode_config, generator=generator
             )
         else:
+            if use_cache:
+                hidden_fn = lambda tokens: self._target_hidden(prefix, self.action_embeds(tokens))  # noqa: E731
+            else:
+                hidden_fn = lambda tokens: self._full_hidden(obs, self.action_embeds(tokens), train=False)  # noqa: E731
             result = decode(
-                lambda tokens: self.bin_logits(self._target_hidden(prefix, self.action_embeds(tokens))),
+                lambda tokens: self.bin_logits(hidden_fn(tokens)),
                 blank,
                 self.config.action_bins,
                 decode_config,
                 generator=generator,
             )
         actions = self.action_tokens.decode(result.tokens.view(-1, h, d))
-        return actions, result.forwards + 1
+        return actions, result.forwards + (1 if use_cache else 0)
 
     def _ar_step_fn(self, prefix: Prefix):
         """Left-to-right decoding with a KV cache: each forward feeds the token chosen at k-1 (cached

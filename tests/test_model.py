@@ -110,6 +110,9 @@ def test_forwards_are_the_steps_asked_for_plus_the_prefix(steps):
     assert forwards == steps + 1
     _, forwards = model.sample_actions(batch().observation, DecodeConfig(autoregressive=True))
     assert forwards == 12 + 1  # one per action token
+    cached, _ = model.sample_actions(batch().observation, DecodeConfig(steps=steps))
+    uncached, forwards = model.sample_actions(batch().observation, DecodeConfig(steps=steps), use_cache=False)
+    assert forwards == steps and torch.equal(cached, uncached)
 
 
 def _overfit(model, data, steps, loss_fn, anneal=False):

@@ -1,0 +1,137 @@
+"""Inference latency of one action chunk: parallel diffusion decoding vs left-to-right decoding.
+
+    python benchmarks/bench_decode.py [--quick] [--out outputs/bench/decode.json]
+
+One realistic CPU configuration (2 cameras at 128 px, H = 16, D = 4, the default model size), batch 1,
+bf16 autocast, a randomly initialised model (latency does not depend on the weights). Prints a
+markdown table and saves JSON. Ratios in one run are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dvla.backbone.decoder import DecodeConfig
+from dvla.batch import fake_observation
+from dvla.model import DiffusionVLA, TextSpecials
+from dvla.model_config import DiffusionVLAConfig
+from dvla.vision import VisionConfig
+
+CAMERAS = ["corner2", "gripperPOV"]
+
+
+def build(action_head: str = "discrete") -> DiffusionVLA:
+    config = DiffusionVLAConfig(
+        vision=VisionConfig(cameras=CAMERAS, image_size=128),
+        action_head=action_head,
+        chunk_size=16,
+        action_dim=4,
+    )
+    return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).eval()
+
+
+def time_chunk(model, obs, decode: DecodeConfig, use_cache: bool, repeats: int) -> tuple[float, int]:
+    """Median milliseconds per chunk and backbone forwards."""
+    times, forwards = [], 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for i in range(repeats + 2):  # two warm-up runs
+            start = time.perf_counter()
+            _, forwards = model.sample_actions(obs, decode, use_cache=use_cache)
+            if i >= 2:
+                times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), forwards
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--out", default="outputs/bench/decode.json")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 10
+    torch.manual_seed(0)
+    model = build()
+    obs = fake_observation(1, CAMERAS, 128, 12, 1000, 4)
+    tokens = model.config.chunk_size * model.config.action_dim
+    rows = []
+    for steps in [1, 2, 4, 8, tokens]:
+        for use_cache in (True, False):
+            ms, forwards = time_chunk(model, obs, DecodeConfig(steps=steps), use_cache, repeats)
+            rows.append(
+                {
+                    "mode": "parallel",
+                    "steps": steps,
+                    "prefix_cache": use_cache,
+                    "ms": ms,
+                    "forwards": forwards,
+                }
+            )
+            print(rows[-1], flush=True)
+    ms, forwards = time_chunk(model, obs, DecodeConfig(autoregressive=True), True, max(2, repeats // 3))
+    rows.append(
+        {
+            "mode": "autoregressive (KV cache)",
+            "steps": tokens,
+            "prefix_cache": True,
+            "ms": ms,
+            "forwards": forwards,
+        }
+    )
+    print(rows[-1], flush=True)
+    flow = build("flow")
+    ms, forwards = time_chunk(flow, obs, DecodeConfig(), True, repeats)
+    rows.append(
+        {
+            "mode": "flow head (10 Euler steps)",
+            "steps": 1,
+            "prefix_cache": True,
+            "ms": ms,
+            "forwards": forwards,
+        }
+    )
+
+    params = sum(p.numel() for p in model.parameters())
+    vision = sum(p.numel() for p in model.vision.parameters())
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ar = rows[-2]["ms"]
+    four = next(r for r in rows if r["steps"] == 4 and r["prefix_cache"])
+    results = {
+        "config": {
+            "cameras": CAMERAS,
+            "image_size": 128,
+            "chunk_size": 16,
+            "action_dim": 4,
+            "batch": 1,
+            "dtype": "bf16",
+        },
+        "parameters": params,
+        "vision_parameters": vision,
+        "peak_rss_mb": peak_mb,
+        "rows": rows,
+        "speedup_4_steps_vs_ar": ar / four["ms"],
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "command": "python benchmarks/bench_decode.py" + (" --quick" if args.quick else ""),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"\nparameters {params / 1e6:.1f} M (vision {vision / 1e6:.1f} M), peak RSS {peak_mb:.0f} MB")
+    print("\n| decoding | steps | prefix cache | backbone forwards | ms / chunk |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for r in rows:
+        cache = "yes" if r["prefix_cache"] else "no"
+        print(f"| {r['mode']} | {r['steps']} | {cache} | {r['forwards']} | {r['ms']:.1f} |")
+    print(f"\n4-step parallel decoding is {results['speedup_4_steps_vs_ar']:.1f}x faster than AR decoding")
+    print(f"saved {out}")
+
+
+if __name__ == "__main__":
+    main()
