@@ -23,15 +23,16 @@ import torch
 from dvla.backbone.decoder import DecodeConfig
 from dvla.batch import fake_observation
 from dvla.model import DiffusionVLA, TextSpecials
-from dvla.model_config import DiffusionVLAConfig
+from dvla.model_config import BackboneSize, DiffusionVLAConfig
 from dvla.vision import VisionConfig
 
 CAMERAS = ["corner2", "gripperPOV"]
 
 
-def build(action_head: str = "discrete") -> DiffusionVLA:
+def build(action_head: str = "discrete", hidden: int = 256, layers: int = 4) -> DiffusionVLA:
     config = DiffusionVLAConfig(
         vision=VisionConfig(cameras=CAMERAS, image_size=128),
+        backbone=BackboneSize(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers),
         action_head=action_head,
         chunk_size=16,
         action_dim=4,
@@ -55,10 +56,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     parser.add_argument("--out", default="outputs/bench/decode.json")
+    parser.add_argument("--hidden", type=int, default=256, help="backbone width (default model: 256)")
+    parser.add_argument("--layers", type=int, default=4, help="backbone layers (default model: 4)")
     args = parser.parse_args()
     repeats = 2 if args.quick else 10
     torch.manual_seed(0)
-    model = build()
+    model = build(hidden=args.hidden, layers=args.layers)
     obs = fake_observation(1, CAMERAS, 128, 12, 1000, 4)
     tokens = model.config.chunk_size * model.config.action_dim
     rows = []
@@ -86,7 +89,7 @@ def main() -> None:
         }
     )
     print(rows[-1], flush=True)
-    flow = build("flow")
+    flow = build("flow", args.hidden, args.layers)
     ms, forwards = time_chunk(flow, obs, DecodeConfig(), True, repeats)
     rows.append(
         {
@@ -118,7 +121,8 @@ def main() -> None:
         "rows": rows,
         "speedup_4_steps_vs_ar": ar / four["ms"],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "command": "python benchmarks/bench_decode.py" + (" --quick" if args.quick else ""),
+        "command": f"python benchmarks/bench_decode.py --hidden {args.hidden} --layers {args.layers}"
+        + (" --quick" if args.quick else ""),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
