@@ -16,8 +16,9 @@ from dvla.backbone.modeling import DiffusionLM
 SUPPORTED = {"llama": "q/k/v/o bias = attention_bias", "qwen2": "q/k/v bias", "mistral": "no biases"}
 
 
-def config_from_causal_lm(hf_config) -> DiffusionLMConfig:
-    """Our config for the same architecture, with one extra token ([MASK]) at id vocab_size."""
+def config_from_causal_lm(hf_config, new_tokens: int = 1) -> DiffusionLMConfig:
+    """Our config for the same architecture, with `new_tokens` appended to the vocabulary (the last
+    one is [MASK]; others, e.g. action bins, sit between the original vocabulary and it)."""
     kind = hf_config.model_type
     if kind not in SUPPORTED:
         raise ValueError(f"cannot adapt a {kind!r} model; supported causal LMs: {sorted(SUPPORTED)}")
@@ -29,7 +30,7 @@ def config_from_causal_lm(hf_config) -> DiffusionLMConfig:
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     qkv_bias = {"llama": getattr(hf_config, "attention_bias", False), "qwen2": True, "mistral": False}[kind]
     return DiffusionLMConfig(
-        vocab_size=hf_config.vocab_size + 1,
+        vocab_size=hf_config.vocab_size + new_tokens,
         hidden_size=hf_config.hidden_size,
         intermediate_size=hf_config.intermediate_size,
         num_hidden_layers=hf_config.num_hidden_layers,
@@ -41,7 +42,7 @@ def config_from_causal_lm(hf_config) -> DiffusionLMConfig:
         max_position_embeddings=hf_config.max_position_embeddings,
         attention_bias=qkv_bias,
         attention_out_bias=kind == "llama" and qkv_bias,
-        mask_token_id=hf_config.vocab_size,
+        mask_token_id=hf_config.vocab_size + new_tokens - 1,
         pad_token_id=hf_config.pad_token_id,
         bos_token_id=hf_config.bos_token_id,
         eos_token_id=hf_config.eos_token_id if isinstance(hf_config.eos_token_id, int) else None,
@@ -49,12 +50,15 @@ def config_from_causal_lm(hf_config) -> DiffusionLMConfig:
     )
 
 
-def from_causal_lm(path: str | Path, **load_kwargs) -> DiffusionLM:
-    """Load a Llama/Qwen2/Mistral causal LM checkpoint (local folder or hub id) into a DiffusionLM."""
+def from_causal_lm(path: str | Path, new_tokens: int = 1, **load_kwargs) -> DiffusionLM:
+    """Load a Llama/Qwen2/Mistral causal LM checkpoint (local folder or hub id) into a DiffusionLM,
+    appending `new_tokens` rows (initialised to the mean embedding) to the vocabulary."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1 (the [MASK] token), got {new_tokens}")
     from transformers import AutoModelForCausalLM
 
     source = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **load_kwargs)
-    config = config_from_causal_lm(source.config)
+    config = config_from_causal_lm(source.config, new_tokens)
     model = DiffusionLM(config)
     src = source.state_dict()
     ours = model.state_dict()
@@ -66,8 +70,21 @@ def from_causal_lm(path: str | Path, **load_kwargs) -> DiffusionLM:
         for key, tensor in ours.items():
             value = src[key]
             if key in ("model.embed_tokens.weight", "lm_head.weight"):
-                tensor[:-1].copy_(value)  # the [MASK] row is new
-                tensor[-1].copy_(value.mean(0))
+                n = value.shape[0]
+                tensor[:n].copy_(value)
+                tensor[n:].copy_(value.mean(0))  # new rows ([MASK], action bins) start at the mean
             else:
                 tensor.copy_(value)
     return model
+
+
+def pretrained_text(path: str | Path):
+    """The causal LM's own tokenizer and the text vocabulary size of its embedding table."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"the tokenizer of {path} has no EOS token; dvla pads answers with it")
+    return tokenizer, AutoConfig.from_pretrained(path).vocab_size

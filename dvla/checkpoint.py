@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from dvla.backbone.configuration import DiffusionLMConfig
 from dvla.model import DiffusionVLA, TextSpecials
 from dvla.model_config import DiffusionVLAConfig
 
@@ -38,6 +39,7 @@ def save_checkpoint(path: str | Path, model: DiffusionVLA, tokenizer, stats: dic
         "format_version": FORMAT_VERSION,
         "model": draccus.encode(model.config),
         "text": asdict(model.text),
+        "backbone": model.backbone.config.to_dict(),
     }
     (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     save_model(model, str(tmp / WEIGHTS_FILE))
@@ -67,7 +69,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
     model_config = draccus.decode(DiffusionVLAConfig, config["model"])
     if model_config.type != "dvla":
         raise ValueError(f"{path}: a {model_config.type!r} checkpoint, not a dvla one")
-    model = DiffusionVLA(model_config, TextSpecials(**config["text"]))
+    backbone_config = DiffusionLMConfig.from_dict(config["backbone"])
+    model = DiffusionVLA(model_config, TextSpecials(**config["text"]), backbone_config)
     load_model(model, str(path / WEIGHTS_FILE), strict=True, device=str(device))  # raises on any mismatch
     tokenizer = AutoTokenizer.from_pretrained(path / TOKENIZER_DIR)
     stats = {

@@ -48,27 +48,44 @@ class Prefix:
 
 
 class DiffusionVLA(nn.Module):
-    def __init__(self, config: DiffusionVLAConfig, text: TextSpecials):
+    def __init__(
+        self, config: DiffusionVLAConfig, text: TextSpecials, backbone_config: DiffusionLMConfig | None = None
+    ):
+        """`backbone_config` rebuilds a saved backbone exactly (checkpoints); otherwise the backbone
+        starts from scratch, or from `config.backbone.init_from` (a causal LM) when set."""
         super().__init__()
         self.config, self.text = config, text
         bins = config.action_bins
         self.action_offset = text.vocab_size
         self.mask_id = text.vocab_size + bins
         size = config.backbone
-        self.backbone = DiffusionLM(
-            DiffusionLMConfig(
-                vocab_size=text.vocab_size + bins + 1,
-                hidden_size=size.hidden_size,
-                intermediate_size=size.intermediate_size,
-                num_hidden_layers=size.num_hidden_layers,
-                num_attention_heads=size.num_attention_heads,
-                num_key_value_heads=size.num_key_value_heads,
-                mask_token_id=self.mask_id,
-                pad_token_id=text.pad_id,
-                eos_token_id=text.eos_id,
+        if backbone_config is not None:
+            self.backbone = DiffusionLM(backbone_config)
+        elif size.init_from:
+            from dvla.backbone.pretrained import from_causal_lm
+
+            self.backbone = from_causal_lm(size.init_from, new_tokens=bins + 1)
+        else:
+            self.backbone = DiffusionLM(
+                DiffusionLMConfig(
+                    vocab_size=text.vocab_size + bins + 1,
+                    hidden_size=size.hidden_size,
+                    intermediate_size=size.intermediate_size,
+                    num_hidden_layers=size.num_hidden_layers,
+                    num_attention_heads=size.num_attention_heads,
+                    num_key_value_heads=size.num_key_value_heads,
+                    mask_token_id=self.mask_id,
+                    pad_token_id=text.pad_id,
+                    eos_token_id=text.eos_id,
+                )
             )
-        )
-        d = size.hidden_size
+        if self.backbone.config.mask_token_id != self.mask_id:
+            vocab = self.backbone.config.vocab_size
+            raise ValueError(
+                f"the backbone's vocabulary ({vocab}) does not fit {text.vocab_size} text tokens + {bins} "
+                "action bins + [MASK]; use the text vocabulary of the backbone's own tokenizer"
+            )
+        d = self.backbone.config.hidden_size
         self.vision = VisionEncoder(config.vision, d)
         self.state_proj = nn.Sequential(nn.Linear(config.state_dim, d), nn.GELU(), nn.Linear(d, d))
         self.action_tokens = ActionTokenizer(

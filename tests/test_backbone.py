@@ -120,6 +120,7 @@ def test_init_from_a_tiny_causal_lm_checkpoint(tmp_path, kind):
     source.save_pretrained(tmp_path)
     model = from_causal_lm(tmp_path).eval()
     assert model.config.vocab_size == 65 and model.config.mask_token_id == 64
+    assert from_causal_lm(tmp_path, new_tokens=9).config.mask_token_id == 72  # bins, then [MASK]
     ids = torch.randint(0, 64, (2, 10))
     causal = torch.ones(10, 10, dtype=torch.bool).tril()[None, None]
     with torch.no_grad():

@@ -191,3 +191,40 @@ def test_bad_model_configs():
         DiffusionVLAConfig(action_head="diffusion")
     with pytest.raises(ValueError, match="chunk_size"):
         DiffusionVLAConfig(chunk_size=0)
+
+
+def test_vla_adapts_a_pretrained_causal_lm_with_its_tokenizer(tmp_path):
+    """init_from: weights from a (tiny, offline) Llama, its own tokenizer, bins and [MASK] appended."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from dvla.backbone.pretrained import pretrained_text
+
+    torch.manual_seed(5)
+    tok = train_text_tokenizer(["open the door", "pick the cube"], vocab_size=64)
+    PreTrainedTokenizerFast.save_pretrained(tok, tmp_path)
+    source = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+    )
+    source.save_pretrained(tmp_path)
+    tokenizer, text_vocab = pretrained_text(tmp_path)
+    text = TextSpecials(text_vocab, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = tiny_vla(text=text, backbone=BackboneSize(init_from=str(tmp_path)))
+    assert model.backbone.config.hidden_size == 32  # the causal LM's size, not BackboneSize's
+    assert model.mask_id == 64 + 32 and model.backbone.config.vocab_size == 64 + 32 + 1
+    q = model.backbone.model.layers[1].self_attn.q_proj.weight
+    assert torch.equal(q, source.model.layers[1].self_attn.q_proj.weight)
+    loss, _ = model.compute_loss(batch())
+    assert torch.isfinite(loss)
+    save_checkpoint(tmp_path / "ckpt", model.eval(), tokenizer, {})
+    loaded, _, _ = load_checkpoint(tmp_path / "ckpt")  # rebuilt from the saved architecture
+    assert torch.equal(loaded.backbone.model.layers[1].self_attn.q_proj.weight, q)
+    with pytest.raises(ValueError, match="does not fit"):
+        tiny_vla(text=TextSpecials(60, 0, 2), backbone=BackboneSize(init_from=str(tmp_path)))
