@@ -1,33 +1,41 @@
-"""A small text tokenizer trained on the dataset's own text (task strings, questions, answers).
+"""A small text tokenizer built from the dataset's own text (task strings, questions, answers).
 
 Used when the backbone is trained from scratch; a pretrained backbone brings its own tokenizer.
-Special tokens are looked up by name on the tokenizer, never hard-coded as ids.
+The vocabulary is built deterministically in Python (the `tokenizers` BPE trainer breaks frequency
+ties differently in every process, which would change token ids between identical runs): special
+tokens, every character (alone and as a word-piece continuation, so unseen words still encode), then
+the most frequent words. Special tokens are looked up by name on the tokenizer, never as literals.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterable
 
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "bos_token": "[BOS]", "eos_token": "[EOS]", "unk_token": "[UNK]"}
+_WORDS = re.compile(r"\w+|[^\w\s]")  # what the Whitespace pre-tokenizer produces: words and punctuation
 
 
 def train_text_tokenizer(texts: Iterable[str], vocab_size: int = 1000):
-    """Train a lower-casing BPE tokenizer on `texts`; returns a transformers PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    """Build a lower-casing word-piece tokenizer from `texts`; returns a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    texts = [t for t in texts if t]
-    if not texts:
-        raise ValueError("no text to train the tokenizer on")
-    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"], end_of_word_suffix="</w>"))
-    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()  # words and punctuation apart
-    tokenizer.decoder = decoders.BPEDecoder(suffix="</w>")
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS.values()),
-        end_of_word_suffix="</w>",
-        show_progress=False,
+    words = Counter(w for text in texts if text for w in _WORDS.findall(text.lower()))
+    if not words:
+        raise ValueError("no text to build the tokenizer from")
+    vocab = list(SPECIAL_TOKENS.values())
+    chars = sorted({c for w in words for c in w})
+    vocab += [piece for c in chars for piece in (c, f"##{c}")]
+    if len(vocab) > vocab_size:
+        raise ValueError(f"vocab_size={vocab_size} cannot hold the {len(vocab)} special and character tokens")
+    frequent = sorted((w for w in words if len(w) > 1), key=lambda w: (-words[w], w))
+    vocab += frequent[: vocab_size - len(vocab)]
+    tokenizer = Tokenizer(
+        models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token=SPECIAL_TOKENS["unk_token"])
     )
-    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL_TOKENS)

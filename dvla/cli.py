@@ -17,11 +17,12 @@ Command = tuple[type, Callable, str]
 
 
 def _commands() -> dict[str, Command]:
-    from dvla import collect, show
+    from dvla import collect, show, train, train_config
 
     return {
         "collect": (collect.CollectConfig, collect.run, "record scripted MetaWorld demos or VQA scenes"),
         "show": (show.ShowConfig, show.run, "summarise a LeRobot or VQA dataset and save a preview image"),
+        "train": (train_config.TrainConfig, train.run, "train a DiffusionVLA on a LeRobot dataset"),
     }
 
 

@@ -1,0 +1,62 @@
+"""Configuration of `dvla train`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dvla.data import LeRobotDataConfig
+from dvla.model_config import DiffusionVLAConfig
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay."""
+
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    warmup_steps: int = 100
+    # The learning rate decays to lr * min_lr_ratio at the last step.
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self):
+        if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("need lr > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]")
+
+
+@dataclass
+class TrainConfig:
+    """Train a DiffusionVLA on a LeRobot dataset (optionally co-trained with VQA scenes)."""
+
+    # The LeRobot dataset: --dataset.root=DIR (local) or --dataset.repo_id=ID (hub).
+    dataset: LeRobotDataConfig
+    model: DiffusionVLAConfig = field(default_factory=DiffusionVLAConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # Where checkpoints, logs and the resolved config go.
+    output_dir: str = "outputs/train/run"
+    # Optimizer steps, samples per step (per process) and micro-batches accumulated per step.
+    steps: int = 1000
+    batch_size: int = 16
+    grad_accum: int = 1
+    # Save a checkpoint every N steps (and at the end), keeping the last K.
+    save_every: int = 500
+    keep_last: int = 3
+    log_every: int = 10
+    seed: int = 0
+    # DataLoader worker processes (video decoding runs there).
+    num_workers: int = 1
+    # Continue from the last checkpoint in output_dir with the same data order, optimizer and RNG.
+    resume: bool = False
+    # Stop (with a checkpoint) after this many steps in this invocation, e.g. to fit a cluster time
+    # slot; --resume continues with the same schedule. None = run to `steps`.
+    steps_this_run: int | None = None
+    # "bf16" autocast (CPU with AMX, or GPU) or "no" (fp32).
+    mixed_precision: str = "bf16"
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.mixed_precision not in ("bf16", "no"):
+            raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")

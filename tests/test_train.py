@@ -1,0 +1,84 @@
+"""`dvla train`: a short run, exact resume, checkpoint rotation and clear errors."""
+
+import json
+
+import pytest
+import torch
+
+from dvla.checkpoint import load_checkpoint
+from dvla.data import LeRobotDataConfig
+from dvla.model_config import BackboneSize, DiffusionVLAConfig
+from dvla.train import ResumableBatchSampler, checkpoint_dirs, lr_factor, train
+from dvla.train_config import OptimConfig, TrainConfig
+from dvla.vision import VisionConfig
+
+
+def tiny_train_config(root, output, steps, **overrides) -> TrainConfig:
+    model = DiffusionVLAConfig(
+        vision=VisionConfig(image_size=32, tokens_per_camera=2, cameras=["corner2", "gripperPOV"]),
+        backbone=BackboneSize(32, 64, 1, 2),
+        chunk_size=4,
+        action_bins=16,
+        text_vocab_size=200,
+    )
+    values = dict(
+        dataset=LeRobotDataConfig(root=str(root), chunk_size=4, image_size=32),
+        model=model,
+        optim=OptimConfig(lr=1e-3, warmup_steps=1),
+        output_dir=str(output),
+        steps=steps,
+        batch_size=4,
+        save_every=2,
+        keep_last=2,
+        num_workers=0,
+    )
+    return TrainConfig(**{**values, **overrides})
+
+
+def test_resume_matches_an_uninterrupted_run(tiny_dataset, tmp_path):
+    root, _ = tiny_dataset
+    straight = train(tiny_train_config(root, tmp_path / "straight", steps=4))
+    first = train(tiny_train_config(root, tmp_path / "resumed", steps=4, steps_this_run=2))  # "interrupted"
+    assert first.step == 2
+    resumed = train(tiny_train_config(root, tmp_path / "resumed", steps=4, resume=True))
+    a, _, _ = load_checkpoint(straight.checkpoint)
+    b, _, _ = load_checkpoint(resumed.checkpoint)
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    assert json.loads((resumed.checkpoint / "step.json").read_text()) == {"step": 4}
+    assert [p.name for p in checkpoint_dirs(tmp_path / "resumed")] == ["step-00000002", "step-00000004"]
+    assert (tmp_path / "resumed" / "train_config.yaml").exists()
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(tiny_train_config(root, tmp_path / "resumed", steps=6))
+
+
+def test_mismatched_dataset_and_model_fail_clearly(tiny_dataset, tmp_path):
+    root, _ = tiny_dataset
+    config = tiny_train_config(root, tmp_path / "x", steps=1)
+    config.model.action_dim = 7
+    with pytest.raises(ValueError, match="model.action_dim"):
+        train(config)
+    config = tiny_train_config(root, tmp_path / "y", steps=1)
+    config.model.vision.cameras = ["corner2"]
+    with pytest.raises(ValueError, match="model.vision.cameras"):
+        train(config)
+
+
+def test_batch_order_depends_only_on_seed_and_position():
+    full = ResumableBatchSampler(10, 3, seed=1)
+    first = [b for _, b in zip(range(7), iter(full), strict=False)]
+    later = [
+        b for _, b in zip(range(3), iter(ResumableBatchSampler(10, 3, seed=1, start_batch=4)), strict=False)
+    ]
+    assert later == first[4:7]
+    assert sorted(i for b in first[:3] for i in b) == sorted(
+        set(i for b in first[:3] for i in b)
+    )  # no repeats
+    with pytest.raises(ValueError, match="fewer than batch_size"):
+        ResumableBatchSampler(2, 3, 0)
+
+
+def test_learning_rate_schedule():
+    assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1)
+    assert lr_factor(9, 10, 100, 0.1) == pytest.approx(1.0)
+    assert lr_factor(100, 10, 100, 0.1) == pytest.approx(0.1)
