@@ -12,6 +12,7 @@ import typing
 from collections.abc import Callable
 
 import draccus
+from draccus.utils import DecodingError
 
 Command = tuple[type, Callable, str]
 
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv[0] = f"dvla {name}"
     try:
         run(draccus.parse(config_class=config_class, args=normalize_args(rest, config_class)))
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError) as err:
-        print(f"dvla {name}: error: {err}", file=sys.stderr)
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, DecodingError) as err:
+        print(f"dvla {name}: error: {err}\n(`dvla {name} --help` lists every option)", file=sys.stderr)
         return 1
     return 0
 

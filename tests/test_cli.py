@@ -25,3 +25,9 @@ def test_top_level_usage_lists_commands(capsys):
     assert main([]) == 0
     assert "collect" in capsys.readouterr().out
     assert main(["fly"]) == 2
+
+
+def test_missing_required_option_is_a_message_not_a_traceback(capsys):
+    assert main(["train", "--steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "Missing required field(s) `dataset`" in err and "Traceback" not in err
