@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +82,14 @@ def train(config: TrainConfig) -> TrainResult:
         raise FileExistsError(
             f"{output} already has checkpoints; pass --resume to continue or use another output_dir"
         )
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=config.mixed_precision)
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=config.mixed_precision,
+        log_with="tensorboard" if config.tensorboard else None,
+        project_dir=str(output / "logs"),
+    )
+    if config.tensorboard:
+        accelerator.init_trackers("dvla")
     set_seed(config.seed)
     data = LeRobotChunks(config.dataset)
     start_step = 0
@@ -134,6 +142,7 @@ def train(config: TrainConfig) -> TrainResult:
     )
     bar = tqdm(range(start_step, stop), initial=start_step, total=config.steps, desc="train",
                disable=not accelerator.is_main_process)  # fmt: skip
+    started = time.perf_counter()
     for step in bar:
         for _ in range(config.grad_accum):
             batch = policy.action_batch(next(batches))
@@ -145,12 +154,20 @@ def train(config: TrainConfig) -> TrainResult:
         schedule.step()
         opt.zero_grad()
         loss_value = float(loss.detach())
-        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{schedule.get_last_lr()[0]:.2e}")
+        samples = (step + 1 - start_step) * config.batch_size * config.grad_accum * accelerator.num_processes
+        rate = samples / (time.perf_counter() - started)
+        lr = schedule.get_last_lr()[0]
+        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
+        if (step + 1) % config.log_every == 0 and config.tensorboard:
+            accelerator.log(
+                {"train/loss": loss_value, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1
+            )
         done = step + 1
         if accelerator.is_main_process and (done % config.save_every == 0 or done == stop):
             saved = _save(
                 output, done, accelerator.unwrap_model(model), tokenizer, stats, opt, schedule, config
             )
+    accelerator.end_training()
     return TrainResult(stop, loss_value, saved)
 
 

@@ -53,6 +53,8 @@ class TrainConfig:
     steps_this_run: int | None = None
     # "bf16" autocast (CPU with AMX, or GPU) or "no" (fp32).
     mixed_precision: str = "bf16"
+    # Log loss, learning rate and samples/s to TensorBoard under <output_dir>/logs.
+    tensorboard: bool = True
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):

@@ -30,6 +30,7 @@ def tiny_train_config(root, output, steps, **overrides) -> TrainConfig:
         batch_size=4,
         save_every=2,
         keep_last=2,
+        log_every=1,
         num_workers=0,
     )
     return TrainConfig(**{**values, **overrides})
@@ -48,6 +49,7 @@ def test_resume_matches_an_uninterrupted_run(tiny_dataset, tmp_path):
     assert json.loads((resumed.checkpoint / "step.json").read_text()) == {"step": 4}
     assert [p.name for p in checkpoint_dirs(tmp_path / "resumed")] == ["step-00000002", "step-00000004"]
     assert (tmp_path / "resumed" / "train_config.yaml").exists()
+    assert list((tmp_path / "resumed" / "logs").rglob("events.out.tfevents.*"))  # TensorBoard
     with pytest.raises(FileExistsError, match="--resume"):
         train(tiny_train_config(root, tmp_path / "resumed", steps=6))
 
