@@ -172,6 +172,12 @@ class DiffusionVLA(nn.Module):
         return hidden @ self.backbone.lm_head.weight[: self.text.vocab_size].T
 
     # ---- training -------------------------------------------------------------------------------
+    def forward(self, batch: ActionBatch | VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The training loss of either kind of batch (calling the module lets DDP/FSDP wrappers hook in)."""
+        if isinstance(batch, VQABatch):
+            return self.compute_vqa_loss(batch, generator)
+        return self.compute_loss(batch, generator)
+
     def compute_loss(self, batch: ActionBatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
         valid = ~batch.actions_is_pad  # (B, H)
         if self.flow is not None:

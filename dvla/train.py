@@ -147,7 +147,7 @@ def train(config: TrainConfig) -> TrainResult:
         for _ in range(config.grad_accum):
             batch = policy.action_batch(next(batches))
             with accelerator.autocast():
-                loss, _ = accelerator.unwrap_model(model).compute_loss(batch)
+                loss, _ = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
         accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
         opt.step()
@@ -167,8 +167,20 @@ def train(config: TrainConfig) -> TrainResult:
             saved = _save(
                 output, done, accelerator.unwrap_model(model), tokenizer, stats, opt, schedule, config
             )
+    _check_ranks_agree(accelerator, model)
     accelerator.end_training()
     return TrainResult(stop, loss_value, saved)
+
+
+def _check_ranks_agree(accelerator, model) -> None:
+    """With several processes, every rank must end with the same parameters (a cheap checksum)."""
+    if accelerator.num_processes == 1:
+        return
+    checksum = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().reshape(1)
+    sums = accelerator.gather(checksum.to(accelerator.device))
+    if not torch.all(sums == sums[0]):
+        raise RuntimeError(f"parameters differ across processes: checksums {sums.tolist()}")
+    accelerator.print(f"parameters identical across {accelerator.num_processes} processes")
 
 
 def _check_fits(config: TrainConfig, data, model) -> None:

@@ -84,3 +84,42 @@ def test_learning_rate_schedule():
     assert lr_factor(0, 10, 100, 0.1) == pytest.approx(0.1)
     assert lr_factor(9, 10, 100, 0.1) == pytest.approx(1.0)
     assert lr_factor(100, 10, 100, 0.1) == pytest.approx(0.1)
+
+
+def test_two_process_ddp_on_cpu_keeps_ranks_identical(tiny_dataset, tmp_path):
+    """torchrun with 2 CPU processes (gloo): gradients are synchronised, so every rank ends with the
+    same parameters (train() checks a checksum across ranks and fails otherwise)."""
+    import socket
+    import subprocess
+    import sys
+
+    root, _ = tiny_dataset
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    launcher += ["--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "dvla.cli", "train"]
+    options = {
+        "dataset.root": root,
+        "dataset.chunk_size": 4,
+        "dataset.image_size": 32,
+        "model.vision.cameras": "[corner2,gripperPOV]",
+        "model.vision.image_size": 32,
+        "model.vision.tokens_per_camera": 2,
+        "model.backbone.hidden_size": 32,
+        "model.backbone.intermediate_size": 64,
+        "model.backbone.num_hidden_layers": 1,
+        "model.backbone.num_attention_heads": 2,
+        "model.chunk_size": 4,
+        "model.action_bins": 16,
+        "steps": 3,
+        "batch_size": 2,
+        "num_workers": 0,
+        "tensorboard": "false",
+        "output_dir": tmp_path / "ddp",
+    }
+    cmd = launcher + [f"--{key}={value}" for key, value in options.items()]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "parameters identical across 2 processes" in run.stdout + run.stderr
+    assert [p.name for p in checkpoint_dirs(tmp_path / "ddp")] == ["step-00000003"]
