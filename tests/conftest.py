@@ -32,3 +32,24 @@ def tiny_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("collect") / "tiny"
     report = collect_metaworld(root, tiny_spec(), workers=2, episodes_per_part=1)
     return root, report
+
+
+def tiny_causal_lm(kind: str = "llama"):
+    """A randomly initialised, tiny Llama or Qwen2 causal LM (vocabulary 64) for offline tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }[kind]
+    config = config_class(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    return model_class(config).eval()

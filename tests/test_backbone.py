@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_causal_lm
 
 from dvla.backbone.configuration import DiffusionLMConfig
 from dvla.backbone.layout import full_mask, prefix_mask, prefix_positions, target_mask, target_positions
@@ -98,25 +99,8 @@ def test_prefix_never_sees_the_target():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_init_from_a_tiny_causal_lm_checkpoint(tmp_path, kind):
     """With a causal mask our backbone reproduces the source causal LM's logits exactly."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(3)
-    config_class, model_class = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    }[kind]
-    source = model_class(
-        config_class(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            tie_word_embeddings=False,
-        )
-    ).eval()
+    source = tiny_causal_lm(kind)
     source.save_pretrained(tmp_path)
     model = from_causal_lm(tmp_path).eval()
     assert model.config.vocab_size == 65 and model.config.mask_token_id == 64

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import tiny_causal_lm
 
 from dvla.backbone import layout
 from dvla.backbone.decoder import DecodeConfig
@@ -195,24 +196,14 @@ def test_bad_model_configs():
 
 def test_vla_adapts_a_pretrained_causal_lm_with_its_tokenizer(tmp_path):
     """init_from: weights from a (tiny, offline) Llama, its own tokenizer, bins and [MASK] appended."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from dvla.backbone.pretrained import pretrained_text
 
     torch.manual_seed(5)
     tok = train_text_tokenizer(["open the door", "pick the cube"], vocab_size=64)
     PreTrainedTokenizerFast.save_pretrained(tok, tmp_path)
-    source = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-        )
-    )
+    source = tiny_causal_lm("llama")
     source.save_pretrained(tmp_path)
     tokenizer, text_vocab = pretrained_text(tmp_path)
     text = TextSpecials(text_vocab, tokenizer.pad_token_id, tokenizer.eos_token_id)
