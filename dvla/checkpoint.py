@@ -29,8 +29,11 @@ CONFIG_FILE, WEIGHTS_FILE, STATS_FILE, TOKENIZER_DIR = (
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(path: str | Path, model: DiffusionVLA, tokenizer, stats: dict) -> Path:
-    """Save everything needed to rebuild `model` exactly; `stats` maps feature -> {stat: array}."""
+def save_checkpoint(
+    path: str | Path, model: DiffusionVLA, tokenizer, stats: dict, training: dict | None = None
+) -> Path:
+    """Save everything needed to rebuild `model` exactly; `stats` maps feature -> {stat: array};
+    `training` is JSON-able facts about the training data (tasks, dataset, fps), see checkpoint_info."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -40,6 +43,7 @@ def save_checkpoint(path: str | Path, model: DiffusionVLA, tokenizer, stats: dic
         "model": draccus.encode(model.config),
         "text": asdict(model.text),
         "backbone": model.backbone.config.to_dict(),
+        "training": training or {},
     }
     (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     save_model(model, str(tmp / WEIGHTS_FILE))
@@ -50,6 +54,17 @@ def save_checkpoint(path: str | Path, model: DiffusionVLA, tokenizer, stats: dic
         shutil.rmtree(path)
     tmp.rename(path)
     return path
+
+
+def checkpoint_info(path: str | Path) -> dict:
+    """What the checkpoint was trained on: {"tasks": [instructions], "dataset": ..., "fps": ...}
+    (empty for checkpoints saved without it)."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).exists():
+        raise FileNotFoundError(
+            f"{path} is not a dvla checkpoint (no {CONFIG_FILE}); train one with `dvla train`"
+        )
+    return json.loads((path / CONFIG_FILE).read_text()).get("training", {})
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):

@@ -42,6 +42,7 @@ class DiffusionVLAPolicy:
         self.state_norm = QuantileNormalizer(stats, STATE_KEY)
         self.action_norm = QuantileNormalizer(stats, ACTION_KEY)
         self._queue: deque[torch.Tensor] = deque()
+        self.last_forwards = 0  # backbone forwards of the last chunk (prefix pass included)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: PolicyConfig | None = None, device="cpu"):
@@ -82,7 +83,8 @@ class DiffusionVLAPolicy:
     def predict_action_chunk(self, images, texts, state) -> torch.Tensor:
         """A whole chunk (B, H, D) in robot units."""
         self.model.eval()
-        actions, _ = self.model.sample_actions(self.observation(images, texts, state), self.config.decode)
+        obs = self.observation(images, texts, state)
+        actions, self.last_forwards = self.model.sample_actions(obs, self.config.decode)
         return self.action_norm.unnormalize(actions.float())
 
     @torch.no_grad()

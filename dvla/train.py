@@ -101,6 +101,12 @@ def train(config: TrainConfig) -> TrainResult:
         model = DiffusionVLA(config.model, TextSpecials.from_tokenizer(tokenizer))
         stats = data.stats
     _check_fits(config, data, model)
+    info = {
+        "tasks": data.tasks,
+        "dataset": config.dataset.repo_id or config.dataset.root,
+        "fps": data.fps,
+        "cameras": data.cameras,
+    }
     policy = DiffusionVLAPolicy(model, tokenizer, stats)
     opt = torch.optim.AdamW(
         model.parameters(),
@@ -165,7 +171,7 @@ def train(config: TrainConfig) -> TrainResult:
         done = step + 1
         if accelerator.is_main_process and (done % config.save_every == 0 or done == stop):
             saved = _save(
-                output, done, accelerator.unwrap_model(model), tokenizer, stats, opt, schedule, config
+                output, done, accelerator.unwrap_model(model), tokenizer, stats, opt, schedule, config, info
             )
     _check_ranks_agree(accelerator, model)
     accelerator.end_training()
@@ -200,14 +206,14 @@ def _check_fits(config: TrainConfig, data, model) -> None:
         )
 
 
-def _save(output, step, model, tokenizer, stats, opt, schedule, config) -> Path:
+def _save(output, step, model, tokenizer, stats, opt, schedule, config, training_info) -> Path:
     """Write step-N atomically (save_checkpoint renames a finished folder into place), keep the last K."""
     from dvla.checkpoint import save_checkpoint
 
     path = output / CHECKPOINTS / f"step-{step:08d}"
     staging = output / CHECKPOINTS / f".staging-{step:08d}"
     shutil.rmtree(staging, ignore_errors=True)
-    save_checkpoint(staging / "model", model, tokenizer, stats)
+    save_checkpoint(staging / "model", model, tokenizer, stats, training_info)
     torch.save(
         {
             "optimizer": opt.state_dict(),
