@@ -18,13 +18,14 @@ Command = tuple[type, Callable, str]
 
 
 def _commands() -> dict[str, Command]:
-    from dvla import collect, rollout, rollout_config, show, train, train_config
+    from dvla import collect, rollout, rollout_config, show, train, train_config, vqa
 
     return {
         "collect": (collect.CollectConfig, collect.run, "record scripted MetaWorld demos or VQA scenes"),
         "show": (show.ShowConfig, show.run, "summarise a LeRobot or VQA dataset and save a preview image"),
         "train": (train_config.TrainConfig, train.run, "train a DiffusionVLA on a LeRobot dataset"),
         "rollout": (rollout_config.RolloutConfig, rollout.run, "evaluate a checkpoint by MuJoCo rollouts"),
+        "vqa": (vqa.VQAConfig, vqa.run, "answer questions about images, or score a VQA split"),
     }
 
 

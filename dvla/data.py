@@ -161,7 +161,7 @@ def low_dim_stats(dataset, keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
 class VQAScenes(torch.utils.data.Dataset):
     """One split of a VQA scenes dataset written by `dvla collect --suite vqa-scenes`."""
 
-    CAMERA = "scene"
+    CAMERA = "scene"  # = dvla.policy.VQA_CAMERA
 
     def __init__(self, root: str | Path, split: str = "train", image_size: int | None = None):
         import datasets

@@ -18,6 +18,7 @@ from dvla.model import DiffusionVLA
 from dvla.processor import QuantileNormalizer, decode_answers, encode_answers, encode_text
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
+VQA_CAMERA = "scene"  # the camera name of VQA scenes (dvla.data.VQAScenes.CAMERA)
 
 
 @dataclass
@@ -39,8 +40,11 @@ class DiffusionVLAPolicy:
             steps = self.config.n_action_steps = max(1, chunk // 2)
         if not 1 <= steps <= chunk:
             raise ValueError(f"n_action_steps must be in [1, chunk_size={chunk}], got {steps}")
-        self.state_norm = QuantileNormalizer(stats, STATE_KEY)
-        self.action_norm = QuantileNormalizer(stats, ACTION_KEY)
+        # A VQA-only checkpoint has no robot stats and cannot act.
+        self.acts = STATE_KEY in stats and ACTION_KEY in stats
+        self.state_norm = QuantileNormalizer(stats, STATE_KEY) if self.acts else None
+        self.action_norm = QuantileNormalizer(stats, ACTION_KEY) if self.acts else None
+        self.action_cameras = [c for c in model.config.vision.cameras if c != VQA_CAMERA]
         self._queue: deque[torch.Tensor] = deque()
         self.last_forwards = 0  # backbone forwards of the last chunk (prefix pass included)
 
@@ -62,6 +66,12 @@ class DiffusionVLAPolicy:
     def observation(self, images: dict[str, torch.Tensor], texts: list[str], state: torch.Tensor | None):
         """images {camera: (B, 3, H, W) float in [0, 1] or (B, H, W, 3) uint8}, raw state (B, S)."""
         images = {name: _to_float_chw(img).to(self.device) for name, img in images.items()}
+        if state is not None:
+            if not self.acts:
+                raise ValueError("this checkpoint was trained on VQA only (no robot data): it cannot act")
+            missing = [c for c in self.action_cameras if c not in images]
+            if missing:
+                raise ValueError(f"missing camera(s) {missing}; the policy acts on {self.action_cameras}")
         ids, valid = encode_text(self.tokenizer, texts, self.model.config.max_text_tokens)
         if state is not None:
             state = self.state_norm.normalize(torch.as_tensor(state, dtype=torch.float32)).to(self.device)

@@ -81,7 +81,7 @@ def rollout(config: RolloutConfig) -> dict:
         config.checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
     )
     model_config = policy.model.config
-    cameras = model_config.vision.cameras
+    cameras = policy.action_cameras  # a co-trained model also knows the VQA scene camera
     if any(c not in CAMERAS for c in cameras):
         raise ValueError(f"the checkpoint's cameras {cameras} are not all MetaWorld cameras {CAMERAS}")
     if model_config.action_dim != 4 or model_config.state_dim != 4:

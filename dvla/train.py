@@ -12,37 +12,14 @@ from pathlib import Path
 
 import draccus
 import torch
-from torch.utils.data import DataLoader, Sampler
 
 from dvla.train_config import TrainConfig
+from dvla.train_data import ROBOT, VQA, MixedBatches, ResumableBatchSampler, make_loader, mixing_ratio
+
+__all__ = ["ResumableBatchSampler", "checkpoint_dirs", "lr_factor", "train"]
 
 CHECKPOINTS = "checkpoints"
 TRAINING_STATE = "training_state.pt"
-
-
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Shuffled batches whose order depends only on (seed, epoch): batch g of the run is always the
-    same, so a resumed run starts exactly where the interrupted one stopped."""
-
-    def __init__(self, size: int, batch_size: int, seed: int, start_batch: int = 0):
-        if size < batch_size:
-            raise ValueError(f"the dataset has {size} samples, fewer than batch_size={batch_size}")
-        self.size, self.batch_size, self.seed, self.start = size, batch_size, seed, start_batch
-        self.per_epoch = size // batch_size  # the last partial batch is dropped
-
-    def __len__(self) -> int:
-        return 10**12  # endless: the training loop decides when to stop
-
-    def __iter__(self):
-        g = self.start
-        while True:
-            epoch, offset = divmod(g, self.per_epoch)
-            order = torch.randperm(
-                self.size, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-            )
-            for b in range(offset, self.per_epoch):
-                yield order[b * self.batch_size : (b + 1) * self.batch_size].tolist()
-                g += 1
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -68,12 +45,10 @@ def checkpoint_dirs(output_dir: Path) -> list[Path]:
 
 def train(config: TrainConfig) -> TrainResult:
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
-    from dvla.backbone.tokenizer import train_text_tokenizer
     from dvla.checkpoint import load_checkpoint
-    from dvla.data import LeRobotChunks, collate
-    from dvla.model import DiffusionVLA, TextSpecials
+    from dvla.data import LeRobotChunks, VQAScenes
     from dvla.policy import DiffusionVLAPolicy
 
     output = Path(config.output_dir)
@@ -82,32 +57,41 @@ def train(config: TrainConfig) -> TrainResult:
         raise FileExistsError(
             f"{output} already has checkpoints; pass --resume to continue or use another output_dir"
         )
+    robot = LeRobotChunks(config.dataset) if config.dataset else None
+    vqa = VQAScenes(config.vqa.root, config.vqa.split, config.vqa.image_size) if config.vqa.root else None
+    ratio = mixing_ratio(robot is not None, vqa is not None, config.vqa.ratio)
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=config.mixed_precision,
         log_with="tensorboard" if config.tensorboard else None,
         project_dir=str(output / "logs"),
+        # co-training batches leave the action (or answer) layers unused; DDP must not wait for them
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=0 < ratio < 1)],
     )
     if config.tensorboard:
         accelerator.init_trackers("dvla")
     set_seed(config.seed)
-    data = LeRobotChunks(config.dataset)
-    start_step = 0
+    start_step, state = 0, None
     if config.resume and existing:
         model, tokenizer, stats = load_checkpoint(existing[-1])
         start_step = int(json.loads((existing[-1] / "step.json").read_text())["step"])
+        state = torch.load(existing[-1] / TRAINING_STATE, weights_only=True)
+        _check_resume_config(config, output)
     else:
-        tokenizer = train_text_tokenizer(data.tasks, vocab_size=config.model.text_vocab_size)
-        model = DiffusionVLA(config.model, TextSpecials.from_tokenizer(tokenizer))
-        stats = data.stats
-    _check_fits(config, data, model)
+        model, tokenizer = _new_model(config, robot, vqa, accelerator)
+        stats = robot.stats if robot else {}
+    model.train()
+    _check_fits(config, robot, vqa, model)
     info = {
-        "tasks": data.tasks,
-        "dataset": config.dataset.repo_id or config.dataset.root,
-        "fps": data.fps,
-        "cameras": data.cameras,
+        "tasks": robot.tasks if robot else [],
+        "dataset": (config.dataset.repo_id or config.dataset.root) if robot else None,
+        "vqa": config.vqa.root,
+        "fps": robot.fps if robot else None,
+        "cameras": robot.cameras if robot else {},
+        "init_from": config.init_from,
     }
     policy = DiffusionVLAPolicy(model, tokenizer, stats)
+    ema = _ema(config, model, state)
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=config.optim.lr,
@@ -118,27 +102,27 @@ def train(config: TrainConfig) -> TrainResult:
         opt,
         lambda s: lr_factor(s, config.optim.warmup_steps, config.steps, config.optim.min_lr_ratio),
     )
-    state = torch.load(existing[-1] / TRAINING_STATE, weights_only=True) if start_step else None
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["scheduler"])
-    sampler = ResumableBatchSampler(len(data), config.batch_size, config.seed, start_step * config.grad_accum)
-    loader = DataLoader(
-        data,
-        batch_sampler=sampler,
-        collate_fn=collate,
-        num_workers=config.num_workers,
-        generator=torch.Generator().manual_seed(config.seed),  # keeps the loader off the global RNG
-    )
-    model, opt, loader = accelerator.prepare(model, opt, loader)
+    first = start_step * config.grad_accum  # micro-batches already consumed
+    vqa_done = math.floor(first * ratio)
+    loaders = {}
+    if robot is not None:
+        loaders[ROBOT] = make_loader(
+            robot, config.batch_size, config.seed, first - vqa_done, config.num_workers
+        )
+    if vqa is not None:
+        loaders[VQA] = make_loader(vqa, config.batch_size, config.seed + 1, vqa_done, config.num_workers)
+    model, opt, *prepared = accelerator.prepare(model, opt, *loaders.values())
+    batches = MixedBatches(dict(zip(loaders, prepared, strict=True)), ratio, first)
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         (output / "train_config.yaml").write_text(draccus.dump(config))
-    model.train()
-    batches = iter(loader)
     if state is not None:
         torch.set_rng_state(state["torch_rng"])
-    loss_value, saved = float("nan"), None
+    losses: dict[str, float] = {}
+    saved = None
     from tqdm import tqdm
 
     stop = (
@@ -151,31 +135,81 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.perf_counter()
     for step in bar:
         for _ in range(config.grad_accum):
-            batch = policy.action_batch(next(batches))
+            source, sample = next(batches)
+            batch = policy.vqa_batch(sample) if source == VQA else policy.action_batch(sample)
             with accelerator.autocast():
                 loss, _ = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
+            losses[source] = float(loss.detach())
         accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
         opt.step()
         schedule.step()
         opt.zero_grad()
-        loss_value = float(loss.detach())
+        if ema is not None:
+            ema.update_parameters(accelerator.unwrap_model(model))
         samples = (step + 1 - start_step) * config.batch_size * config.grad_accum * accelerator.num_processes
         rate = samples / (time.perf_counter() - started)
         lr = schedule.get_last_lr()[0]
-        bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
+        shown = {f"{'loss' if k == ROBOT else 'vqa_loss'}": f"{v:.3f}" for k, v in losses.items()}
+        bar.set_postfix(**shown, lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
         if (step + 1) % config.log_every == 0 and config.tensorboard:
-            accelerator.log(
-                {"train/loss": loss_value, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1
-            )
+            logs = {f"train/{k}_loss": v for k, v in losses.items()}
+            accelerator.log({**logs, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1)
         done = step + 1
         if accelerator.is_main_process and (done % config.save_every == 0 or done == stop):
-            saved = _save(
-                output, done, accelerator.unwrap_model(model), tokenizer, stats, opt, schedule, config, info
-            )
+            saved = _save(output, done, accelerator.unwrap_model(model), ema, tokenizer, stats, opt, schedule,
+                          config, info)  # fmt: skip
     _check_ranks_agree(accelerator, model)
     accelerator.end_training()
-    return TrainResult(stop, loss_value, saved)
+    return TrainResult(stop, losses.get(ROBOT, losses.get(VQA, float("nan"))), saved)
+
+
+def _new_model(config: TrainConfig, robot, vqa, accelerator):
+    """A fresh model (tokenizer trained on the run's text) or one initialised from a checkpoint."""
+    from dvla.backbone.tokenizer import train_text_tokenizer
+    from dvla.finetune import init_from_checkpoint
+    from dvla.model import DiffusionVLA, TextSpecials
+
+    if config.init_from:
+        model, tokenizer, report = init_from_checkpoint(config.init_from, config.model)
+        accelerator.print(f"init_from {config.init_from}: {report.summary()}")
+        return model, tokenizer
+    texts = list(robot.tasks) if robot else []
+    if vqa is not None:
+        texts += [*vqa.data["question"], *vqa.data["answer"]]
+    tokenizer = train_text_tokenizer(texts, vocab_size=config.model.text_vocab_size)
+    return DiffusionVLA(config.model, TextSpecials.from_tokenizer(tokenizer)), tokenizer
+
+
+def _ema(config: TrainConfig, model, state):
+    """An exponential moving average of the weights (saved as the checkpoint's model), or None."""
+    if config.ema_decay is None:
+        return None
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(config.ema_decay), use_buffers=True)
+    if state is not None:  # the checkpoint's weights are the average; the raw ones are in the state
+        model.load_state_dict(state["raw_model"])
+        ema.n_averaged.fill_(int(state["ema_n_averaged"]))
+    return ema
+
+
+def _check_resume_config(config: TrainConfig, output: Path) -> None:
+    """--resume continues the run with its model: refuse --model settings that differ from the ones
+    the run started with (its saved train_config.yaml)."""
+    import dataclasses
+
+    import yaml
+
+    saved_file = output / "train_config.yaml"
+    if not saved_file.exists():
+        return
+    saved = draccus.decode(TrainConfig, yaml.safe_load(saved_file.read_text()))
+    if dataclasses.asdict(config.model) != dataclasses.asdict(saved.model):
+        raise ValueError(
+            f"--resume: the --model settings differ from the ones {output} was started with "
+            f"({saved_file}); a resumed run keeps its model (drop the overrides or use another output_dir)"
+        )
 
 
 def _check_ranks_agree(accelerator, model) -> None:
@@ -189,16 +223,22 @@ def _check_ranks_agree(accelerator, model) -> None:
     accelerator.print(f"parameters identical across {accelerator.num_processes} processes")
 
 
-def _check_fits(config: TrainConfig, data, model) -> None:
-    if data.action_dim != model.config.action_dim or data.state_dim != model.config.state_dim:
+def _check_fits(config: TrainConfig, robot, vqa, model) -> None:
+    from dvla.data import VQAScenes
+
+    cams = model.config.vision.cameras
+    expected = sorted([*(robot.cameras if robot else []), *([VQAScenes.CAMERA] if vqa else [])])
+    if sorted(cams) != expected:
         raise ValueError(
-            f"the dataset has state/action dims {data.state_dim}/{data.action_dim}, the model "
-            f"{model.config.state_dim}/{model.config.action_dim}: set --model.state_dim/--model.action_dim"
+            f"the data's cameras {expected} differ from the model's {cams}: set --model.vision.cameras "
+            f"(VQA scenes use the camera {VQAScenes.CAMERA!r}) or --dataset.cameras"
         )
-    if sorted(data.cameras) != sorted(model.config.vision.cameras):
+    if robot is None:
+        return
+    if robot.action_dim != model.config.action_dim or robot.state_dim != model.config.state_dim:
         raise ValueError(
-            f"the dataset's cameras {sorted(data.cameras)} differ from the model's "
-            f"{model.config.vision.cameras}: set --model.vision.cameras or --dataset.cameras"
+            f"the dataset has state/action dims {robot.state_dim}/{robot.action_dim}, the model "
+            f"{model.config.state_dim}/{model.config.action_dim}: set --model.state_dim/--model.action_dim"
         )
     if config.dataset.chunk_size != model.config.chunk_size:
         raise ValueError(
@@ -206,22 +246,23 @@ def _check_fits(config: TrainConfig, data, model) -> None:
         )
 
 
-def _save(output, step, model, tokenizer, stats, opt, schedule, config, training_info) -> Path:
-    """Write step-N atomically (save_checkpoint renames a finished folder into place), keep the last K."""
+def _save(output, step, model, ema, tokenizer, stats, opt, schedule, config, training_info) -> Path:
+    """Write step-N atomically (save_checkpoint renames a finished folder into place), keep the last K.
+    With EMA the checkpoint's model is the average and the raw weights go into the training state."""
     from dvla.checkpoint import save_checkpoint
 
     path = output / CHECKPOINTS / f"step-{step:08d}"
     staging = output / CHECKPOINTS / f".staging-{step:08d}"
     shutil.rmtree(staging, ignore_errors=True)
-    save_checkpoint(staging / "model", model, tokenizer, stats, training_info)
-    torch.save(
-        {
-            "optimizer": opt.state_dict(),
-            "scheduler": schedule.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        },
-        staging / "model" / TRAINING_STATE,
-    )
+    save_checkpoint(staging / "model", ema.module if ema else model, tokenizer, stats, training_info)
+    training_state = {
+        "optimizer": opt.state_dict(),
+        "scheduler": schedule.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+    }
+    if ema is not None:
+        training_state |= {"raw_model": model.state_dict(), "ema_n_averaged": ema.n_averaged.clone()}
+    torch.save(training_state, staging / "model" / TRAINING_STATE)
     (staging / "model" / "step.json").write_text(json.dumps({"step": step}))
     (staging / "model").rename(path)
     shutil.rmtree(staging)

@@ -26,11 +26,42 @@ class OptimConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Train a DiffusionVLA on a LeRobot dataset (optionally co-trained with VQA scenes)."""
+class VQADataConfig:
+    """VQA scenes (`dvla collect --suite vqa-scenes`) to train on, alone or mixed with robot data."""
 
-    # The LeRobot dataset: --dataset.root=DIR (local) or --dataset.repo_id=ID (hub).
-    dataset: LeRobotDataConfig
+    # The VQA scenes folder; None = no VQA.
+    root: str | None = None
+    split: str = "train"
+    # Fraction of micro-batches that are VQA when co-training with a robot dataset, in a fixed
+    # interleaving (0.25: every 4th batch). Ignored when there is no robot dataset.
+    ratio: float = 0.25
+    # Resize images to this square size; None keeps the dataset's size.
+    image_size: int | None = None
+
+    def __post_init__(self):
+        if not 0.0 < self.ratio < 1.0:
+            raise ValueError(f"vqa.ratio must be in (0, 1), got {self.ratio}")
+
+
+@dataclass
+class TrainConfig:
+    """Train a DiffusionVLA on a LeRobot dataset, on VQA scenes, or on both (co-training).
+
+    Examples:
+      dvla train --config_path configs/metaworld_mt10.yaml
+      dvla train --dataset.root outputs/mt10 --model.vision.cameras [corner2,gripperPOV] --steps 2000
+      dvla train --config_path configs/mt10_vqa.yaml --vqa.ratio 0.5
+      dvla train --config_path configs/finetune.yaml --init_from outputs/train/mt10/checkpoints/step-00004000
+    """
+
+    # The LeRobot dataset: --dataset.root=DIR (local) or --dataset.repo_id=ID (hub). None = VQA only.
+    dataset: LeRobotDataConfig | None = None
+    vqa: VQADataConfig = field(default_factory=VQADataConfig)
+    # Fine-tune from a dvla checkpoint: weights whose name and shape fit the new model are kept (backbone,
+    # vision, text); the rest (e.g. action/state layers for other dimensions) start fresh. The
+    # checkpoint's tokenizer and architecture are kept; --model sets chunk/action/state dims and cameras.
+    # Only used when the run starts: with --resume and existing checkpoints the run just continues.
+    init_from: str | None = None
     model: DiffusionVLAConfig = field(default_factory=DiffusionVLAConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     # Where checkpoints, logs and the resolved config go.
@@ -51,14 +82,21 @@ class TrainConfig:
     # Stop (with a checkpoint) after this many steps in this invocation, e.g. to fit a cluster time
     # slot; --resume continues with the same schedule. None = run to `steps`.
     steps_this_run: int | None = None
+    # Exponential moving average of the weights with this decay (e.g. 0.999), saved as the checkpoint's
+    # model; None = off.
+    ema_decay: float | None = None
     # "bf16" autocast (CPU with AMX, or GPU) or "no" (fp32).
     mixed_precision: str = "bf16"
     # Log loss, learning rate and samples/s to TensorBoard under <output_dir>/logs.
     tensorboard: bool = True
 
     def __post_init__(self):
+        if self.dataset is None and self.vqa.root is None:
+            raise ValueError("nothing to train on: set dataset.root / dataset.repo_id, vqa.root, or both")
         for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
         if self.mixed_precision not in ("bf16", "no"):
             raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")

@@ -25,8 +25,10 @@ def test_vision_encoder_shapes(model_name, kwargs, tokens):
     out = encoder(images, train=True)
     k = tokens or 16  # a 64 px ViT/16 has 4 x 4 patches
     assert out.shape == (2, 2 * k, 24) and torch.isfinite(out).all()
-    with pytest.raises(ValueError, match="missing camera"):
-        encoder({"front": images["front"]})
+    front_only = encoder({"front": images["front"]})  # a subset (co-training batches) encodes alone
+    assert front_only.shape == (2, k, 24)
+    with pytest.raises(ValueError, match="encoder knows"):
+        encoder({"side": images["front"]})
 
 
 def test_cameras_are_told_apart():

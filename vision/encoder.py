@@ -94,11 +94,18 @@ class VisionEncoder(nn.Module):
         return features[:, self.num_prefix_tokens :]  # ViT: drop class/register tokens, (B, N, C)
 
     def forward(self, images: dict[str, torch.Tensor], train: bool = False) -> torch.Tensor:
-        missing = [c for c in self.config.cameras if c not in images]
-        if missing:
-            raise ValueError(f"missing camera(s) {missing}; the encoder expects {self.config.cameras}")
+        """Tokens of the configured cameras present in `images`, in configured order. A batch may
+        carry a subset (co-training: robot batches have the robot cameras, VQA batches the scene one);
+        the policy checks that a robot observation has every robot camera."""
+        unknown = [c for c in images if c not in self.config.cameras]
+        if unknown or not images:
+            raise ValueError(
+                f"camera(s) {unknown or 'none'} given; the encoder knows {self.config.cameras}"
+            )
         tokens = []
         for i, camera in enumerate(self.config.cameras):
+            if camera not in images:
+                continue
             x = self._features(self.preprocess(images[camera], train))  # (B, N, C)
             if x.shape[1] != self.tokens_per_camera:
                 x = F.adaptive_avg_pool1d(x.transpose(1, 2), self.tokens_per_camera).transpose(
@@ -106,7 +113,7 @@ class VisionEncoder(nn.Module):
                 )  # (B, K, C)
             x = self.projector(x) + self.token_embed + self.camera_embed.weight[i]  # (B, K, d)
             tokens.append(x)
-        return torch.cat(tokens, dim=1)  # (B, n_cameras * K, d)
+        return torch.cat(tokens, dim=1)  # (B, n_present * K, d)
 
 
 def random_shift(image: torch.Tensor, pad: int) -> torch.Tensor:
