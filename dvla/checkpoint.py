@@ -56,14 +56,24 @@ def save_checkpoint(
     return path
 
 
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or a training run's output_dir (its latest checkpoints/step-N)."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).exists():
+        steps = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / CONFIG_FILE).exists())
+        if steps:
+            return steps[-1]
+        raise FileNotFoundError(
+            f"{path} is not a dvla checkpoint (no {CONFIG_FILE}) nor a training run with checkpoints/; "
+            "train one with `dvla train`"
+        )
+    return path
+
+
 def checkpoint_info(path: str | Path) -> dict:
     """What the checkpoint was trained on: {"tasks": [instructions], "dataset": ..., "fps": ...}
     (empty for checkpoints saved without it)."""
-    path = Path(path)
-    if not (path / CONFIG_FILE).exists():
-        raise FileNotFoundError(
-            f"{path} is not a dvla checkpoint (no {CONFIG_FILE}); train one with `dvla train`"
-        )
+    path = resolve_checkpoint(path)
     return json.loads((path / CONFIG_FILE).read_text()).get("training", {})
 
 
@@ -71,11 +81,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
     """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint."""
     from transformers import AutoTokenizer
 
-    path = Path(path)
-    if not (path / CONFIG_FILE).exists():
-        raise FileNotFoundError(
-            f"{path} is not a dvla checkpoint (no {CONFIG_FILE}); train one with `dvla train`"
-        )
+    path = resolve_checkpoint(path)
     config = json.loads((path / CONFIG_FILE).read_text())
     if config.get("format_version") != FORMAT_VERSION:
         raise ValueError(

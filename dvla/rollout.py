@@ -65,7 +65,7 @@ def _caption(episode: Episode, done: bool) -> list[str]:
 def rollout(config: RolloutConfig) -> dict:
     from tqdm import tqdm
 
-    from dvla.checkpoint import checkpoint_info
+    from dvla.checkpoint import checkpoint_info, resolve_checkpoint
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
     from dvla.sim.env_pool import EnvPool
     from dvla.sim.metaworld_env import CAMERAS, MetaWorldEnvConfig
@@ -73,12 +73,13 @@ def rollout(config: RolloutConfig) -> dict:
     from dvla.video import compose_frame, write_mp4
 
     tasks = resolve_tasks(config.tasks, config.suite)
-    info = checkpoint_info(config.checkpoint)
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    info = checkpoint_info(checkpoint)
     instructions = {task: task_description(task) for task in tasks}
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     device = _device(config.device)
     policy = DiffusionVLAPolicy.from_pretrained(
-        config.checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
+        checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
     )
     model_config = policy.model.config
     cameras = policy.action_cameras  # a co-trained model also knows the VQA scene camera
@@ -180,14 +181,16 @@ def rollout(config: RolloutConfig) -> dict:
                     success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
                 )
             start(done)
-    report = _report(config, finished, plan_ms, plan_batches, forwards, time.perf_counter() - started)
+    report = _report(
+        config, checkpoint, finished, plan_ms, plan_batches, forwards, time.perf_counter() - started
+    )
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(report, indent=2))
     (output / "report.md").write_text(format_report(report, relative_to=output))
     return report
 
 
-def _report(config, finished, plan_ms, plan_batches, forwards, wall_s) -> dict:
+def _report(config, checkpoint, finished, plan_ms, plan_batches, forwards, wall_s) -> dict:
     per_task = {}
     for task, episodes in finished.items():
         episodes.sort(key=lambda e: e["seed"])
@@ -211,7 +214,7 @@ def _report(config, finished, plan_ms, plan_batches, forwards, wall_s) -> dict:
     trials = sum(t["episodes"] for t in per_task.values())
     chunks = sum(plan_batches)
     return {
-        "checkpoint": str(config.checkpoint),
+        "checkpoint": str(checkpoint),
         "average_success": float(np.mean([t["success_rate"] for t in per_task.values()])),
         "pooled": {"successes": wins, "episodes": trials, "wilson95": list(wilson_interval(wins, trials))},
         "decode": {

@@ -17,10 +17,12 @@ import numpy as np
 import torch
 
 from dvla.backbone.decoder import DecodeConfig
+from dvla.checkpoint import resolve_checkpoint
 from dvla.policy import VQA_CAMERA
 from dvla.processor import decode_answers
 
 MASK_SHOWN = "_"
+EXAMPLES = 10  # the first questions of a split, saved with their images for a look
 
 
 @dataclass
@@ -81,6 +83,15 @@ def load_image(path: str) -> torch.Tensor:
     return torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255
 
 
+def _save_image(image: torch.Tensor, path: Path) -> Path:
+    """(3, H, W) float in [0, 1] -> PNG."""
+    from PIL import Image
+
+    pixels = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
 def format_steps(tokenizer, history: list[torch.Tensor], mask_id: int) -> list[str]:
     """One line per denoising step: the answer block (B=1) with hidden tokens as '_' and new ones marked."""
     lines, before = [], None
@@ -119,13 +130,14 @@ def evaluate(config: VQAConfig) -> dict:
 
     from dvla.data import VQAScenes, collate
 
-    policy = load_vqa_policy(config.checkpoint, config.decode)
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    policy = load_vqa_policy(checkpoint, config.decode)
     data = VQAScenes(config.dataset, config.split)
     if config.limit:
         data = Subset(data, range(min(config.limit, len(data))))
     loader = DataLoader(data, batch_size=config.batch_size, collate_fn=collate)
     right, total = defaultdict(int), defaultdict(int)
-    mistakes = []
+    mistakes, examples = [], []
     with _autocast(config):
         for batch in tqdm(loader, desc=f"vqa {config.split}", unit="batch"):
             answers = policy.answer(batch["images"], batch["question"])
@@ -135,13 +147,15 @@ def evaluate(config: VQAConfig) -> dict:
                 ok = normalise(got) == normalise(truth)
                 right[kind] += ok
                 total[kind] += 1
+                if len(examples) < EXAMPLES:
+                    examples.append({"question": q, "answer": truth, "predicted": got})
                 if not ok and len(mistakes) < 20:
                     mistakes.append({"question": q, "answer": truth, "predicted": got})
     from dvla.metrics import wilson_interval
 
     n, k = sum(total.values()), sum(right.values())
     report = {
-        "checkpoint": config.checkpoint,
+        "checkpoint": str(checkpoint),
         "dataset": config.dataset,
         "split": config.split,
         "questions": n,
@@ -149,10 +163,13 @@ def evaluate(config: VQAConfig) -> dict:
         "wilson95": list(wilson_interval(k, n)),
         "per_type": {t: {"questions": total[t], "exact_match": right[t] / total[t]} for t in sorted(total)},
         "decode_steps": config.decode.steps,
+        "examples": examples,
         "mistakes": mistakes,
     }
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "examples").mkdir(parents=True, exist_ok=True)
+    for i, example in enumerate(examples):
+        example["image"] = str(_save_image(data[i]["images"][VQA_CAMERA], out / "examples" / f"{i}.png"))
     (out / f"vqa_{config.split}.json").write_text(json.dumps(report, indent=2))
     return report
 

@@ -99,9 +99,7 @@ class VisionEncoder(nn.Module):
         the policy checks that a robot observation has every robot camera."""
         unknown = [c for c in images if c not in self.config.cameras]
         if unknown or not images:
-            raise ValueError(
-                f"camera(s) {unknown or 'none'} given; the encoder knows {self.config.cameras}"
-            )
+            raise ValueError(f"camera(s) {unknown or 'none'} given; the encoder knows {self.config.cameras}")
         tokens = []
         for i, camera in enumerate(self.config.cameras):
             if camera not in images:
