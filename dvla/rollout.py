@@ -176,6 +176,7 @@ def rollout(config: RolloutConfig) -> dict:
                     {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
                 )
                 bar.update(1)
+                _write_partial(output, finished, jobs, active)
                 total = sum(len(v) for v in finished.values())
                 bar.set_postfix(
                     success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
@@ -186,8 +187,18 @@ def rollout(config: RolloutConfig) -> dict:
     )
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(report, indent=2))
+    (output / "partial.json").unlink(missing_ok=True)
     (output / "report.md").write_text(format_report(report, relative_to=output))
     return report
+
+
+def _write_partial(output: Path, finished: dict, jobs, active) -> None:
+    """Episodes finished so far, rewritten after each one: an interrupted rollout keeps its results."""
+    output.mkdir(parents=True, exist_ok=True)
+    partial = {"complete": False, "pending_episodes": len(jobs) + len(active) - 1, "episodes": finished}
+    tmp = output / ".partial.json.tmp"
+    tmp.write_text(json.dumps(partial))
+    tmp.rename(output / "partial.json")
 
 
 def _report(config, checkpoint, finished, plan_ms, plan_batches, forwards, wall_s) -> dict:
