@@ -12,7 +12,7 @@ import typing
 from collections.abc import Callable
 
 import draccus
-from draccus.utils import DecodingError
+from draccus.utils import DecodingError, ParsingError
 
 Command = tuple[type, Callable, str]
 
@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv[0] = f"dvla {name}"
     try:
         run(draccus.parse(config_class=config_class, args=normalize_args(rest, config_class)))
-    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, DecodingError) as err:
+    except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, DecodingError, ParsingError) as err:
+        while isinstance(err, ParsingError) and err.__cause__ is not None:
+            err = err.__cause__  # a config's own check (__post_init__) says what is wrong
         print(f"dvla {name}: error: {err}\n(`dvla {name} --help` lists every option)", file=sys.stderr)
         return 1
     return 0

@@ -30,4 +30,8 @@ def test_top_level_usage_lists_commands(capsys):
 def test_missing_required_option_is_a_message_not_a_traceback(capsys):
     assert main(["train", "--steps", "2"]) == 1
     err = capsys.readouterr().err
-    assert "Missing required field(s) `dataset`" in err and "Traceback" not in err
+    assert "nothing to train on" in err and "Traceback" not in err
+    assert main(["rollout", "--suite", "mt10"]) == 1
+    assert "--checkpoint is required" in capsys.readouterr().err
+    assert main(["vqa", "--checkpoint", "x"]) == 1
+    assert "either --image and --question, or --dataset" in capsys.readouterr().err
