@@ -8,6 +8,7 @@ A VQA sample:    {"images": {camera: float (3, H, W)}, "question": str, "answer"
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dvla.processor import ACTION_KEY, STATE_KEY
 from dvla.sim.recording import VIDEO_BACKEND
 
 STAT_QUANTILES = {"q01": 0.01, "q99": 0.99}
@@ -43,6 +45,9 @@ class LeRobotDataConfig:
     episodes: list[int] | None = None
     # Video decoder: pyav works everywhere; torchcodec is faster where system FFmpeg is installed.
     video_backend: str = VIDEO_BACKEND
+    # Decode every frame once before training and keep it in RAM as uint8 (frames x cameras x 3 x
+    # image_size^2 bytes). Epochs then cost no video decoding: much faster on CPU for small datasets.
+    cache_frames: bool = False
 
     def __post_init__(self):
         if not self.root and not self.repo_id:
@@ -111,13 +116,23 @@ class LeRobotChunks(torch.utils.data.Dataset):
             delta_timestamps=delta,
             video_backend=config.video_backend,
         )
-        self.tasks = list(meta.tasks.index)
-        self.stats = low_dim_stats(self.dataset, [config.state_key, config.action_key])
+        episodes = config.episodes if config.episodes is not None else range(meta.total_episodes)
+        # the tasks of the selected episodes, in the dataset's order
+        selected = {task for e in episodes for task in meta.episodes[int(e)]["tasks"]}
+        self.tasks = [task for task in meta.tasks.index if task in selected]
+        self.stats = low_dim_stats(self.dataset, config.state_key, config.action_key)
+        self.cache = None
+        if config.cache_frames:
+            from dvla.frame_cache import FrameCache
+
+            self.cache = FrameCache(self, num_workers=min(4, os.cpu_count() or 1))
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> dict:
+        if self.cache is not None:
+            return self.cache.sample(index)
         item = self.dataset[index]
         key = self.config.action_key
         return {
@@ -138,24 +153,34 @@ def resize_image(image: torch.Tensor, size: int | None) -> torch.Tensor:
     return F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0].clamp(0, 1)
 
 
-def low_dim_stats(dataset, keys: list[str]) -> dict[str, dict[str, np.ndarray]]:
-    """Exact mean/std/min/max/q01/q99 of low-dimensional features over the selected episodes.
+def low_dim_values(dataset, key: str) -> np.ndarray:
+    """A low-dimensional feature of every selected frame: (N, D) float64."""
+    column = dataset.hf_dataset.select_columns([key]).with_format("numpy")[:][key]
+    return np.asarray(column, dtype=np.float64).reshape(len(column), -1)
+
+
+def stats_of(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Exact mean/std/min/max/q01/q99 over the frames of (N, D) values."""
+    return {
+        "mean": values.mean(0),
+        "std": values.std(0),
+        "min": values.min(0),
+        "max": values.max(0),
+        **{name: np.quantile(values, q, axis=0) for name, q in STAT_QUANTILES.items()},
+    }
+
+
+def low_dim_stats(dataset, state_key: str, action_key: str) -> dict[str, dict[str, np.ndarray]]:
+    """Stats of the state and action under dvla's names (STATE_KEY, ACTION_KEY), whatever the
+    dataset calls them.
 
     Recomputed from the data rather than read from meta/stats.json: lerobot's stats of a dataset
     merged from parts (as `dvla collect` writes) carry averaged, not exact, quantiles.
     """
-    stats = {}
-    for key in keys:
-        column = dataset.hf_dataset.select_columns([key]).with_format("numpy")[:][key]
-        values = np.asarray(column, dtype=np.float64).reshape(len(column), -1)  # (N, D)
-        stats[key] = {
-            "mean": values.mean(0),
-            "std": values.std(0),
-            "min": values.min(0),
-            "max": values.max(0),
-            **{name: np.quantile(values, q, axis=0) for name, q in STAT_QUANTILES.items()},
-        }
-    return stats
+    return {
+        STATE_KEY: stats_of(low_dim_values(dataset, state_key)),
+        ACTION_KEY: stats_of(low_dim_values(dataset, action_key)),
+    }
 
 
 class VQAScenes(torch.utils.data.Dataset):

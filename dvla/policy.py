@@ -15,9 +15,15 @@ import torch
 from dvla.backbone.decoder import DecodeConfig
 from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model import DiffusionVLA
-from dvla.processor import QuantileNormalizer, decode_answers, encode_answers, encode_text
+from dvla.processor import (
+    ACTION_KEY,
+    STATE_KEY,
+    QuantileNormalizer,
+    decode_answers,
+    encode_answers,
+    encode_text,
+)
 
-STATE_KEY, ACTION_KEY = "observation.state", "action"
 VQA_CAMERA = "scene"  # the camera name of VQA scenes (dvla.data.VQAScenes.CAMERA)
 
 

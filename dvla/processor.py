@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# Names of the state and action statistics in a checkpoint (whatever the dataset calls the features).
+STATE_KEY, ACTION_KEY = "observation.state", "action"
+
 
 def encode_text(tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Instructions or questions -> ids (B, L) padded with the tokenizer's pad token, valid mask (B, L)."""

@@ -48,8 +48,9 @@ def train(config: TrainConfig) -> TrainResult:
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     from dvla.checkpoint import load_checkpoint
-    from dvla.data import LeRobotChunks, VQAScenes
+    from dvla.data import VQAScenes
     from dvla.policy import DiffusionVLAPolicy
+    from dvla.robot_data import dataset_name, robot_dataset
 
     output = Path(config.output_dir)
     existing = checkpoint_dirs(output)
@@ -57,19 +58,19 @@ def train(config: TrainConfig) -> TrainResult:
         raise FileExistsError(
             f"{output} already has checkpoints; pass --resume to continue or use another output_dir"
         )
-    robot = LeRobotChunks(config.dataset) if config.dataset else None
+    robot = robot_dataset(config.robot_datasets)
     vqa = VQAScenes(config.vqa.root, config.vqa.split, config.vqa.image_size) if config.vqa.root else None
     ratio = mixing_ratio(robot is not None, vqa is not None, config.vqa.ratio)
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision=config.mixed_precision,
-        log_with="tensorboard" if config.tensorboard else None,
+        log_with=config.trackers or None,
         project_dir=str(output / "logs"),
         # co-training batches leave the action (or answer) layers unused; DDP must not wait for them
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=0 < ratio < 1)],
     )
-    if config.tensorboard:
-        accelerator.init_trackers("dvla")
+    if config.trackers:
+        accelerator.init_trackers(config.wandb_project, config=_flat_config(config))
     set_seed(config.seed)
     start_step, state = 0, None
     if config.resume and existing:
@@ -84,7 +85,7 @@ def train(config: TrainConfig) -> TrainResult:
     _check_fits(config, robot, vqa, model)
     info = {
         "tasks": robot.tasks if robot else [],
-        "dataset": (config.dataset.repo_id or config.dataset.root) if robot else None,
+        "dataset": ", ".join(dataset_name(d) for d in config.robot_datasets) or None,
         "vqa": config.vqa.root,
         "fps": robot.fps if robot else None,
         "cameras": robot.cameras if robot else {},
@@ -152,7 +153,7 @@ def train(config: TrainConfig) -> TrainResult:
         lr = schedule.get_last_lr()[0]
         shown = {f"{'loss' if k == ROBOT else 'vqa_loss'}": f"{v:.3f}" for k, v in losses.items()}
         bar.set_postfix(**shown, lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
-        if (step + 1) % config.log_every == 0 and config.tensorboard:
+        if (step + 1) % config.log_every == 0 and config.trackers:
             logs = {f"train/{k}_loss": v for k, v in losses.items()}
             accelerator.log({**logs, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1)
         done = step + 1
@@ -179,6 +180,25 @@ def _new_model(config: TrainConfig, robot, vqa, accelerator):
         texts += [*vqa.data["question"], *vqa.data["answer"]]
     tokenizer = train_text_tokenizer(texts, vocab_size=config.model.text_vocab_size)
     return DiffusionVLA(config.model, TextSpecials.from_tokenizer(tokenizer)), tokenizer
+
+
+def _flat_config(config: TrainConfig) -> dict:
+    """The resolved config as flat scalars (a.b.c -> value), as trackers' hyperparameter tables want."""
+    import dataclasses
+
+    flat = {}
+
+    def visit(prefix, value):
+        if dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                visit(f"{prefix}{f.name}.", getattr(value, f.name))
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            flat[prefix[:-1]] = "None" if value is None else value
+        else:
+            flat[prefix[:-1]] = str(value)
+
+    visit("", config)
+    return flat
 
 
 def _ema(config: TrainConfig, model, state):
@@ -240,10 +260,9 @@ def _check_fits(config: TrainConfig, robot, vqa, model) -> None:
             f"the dataset has state/action dims {robot.state_dim}/{robot.action_dim}, the model "
             f"{model.config.state_dim}/{model.config.action_dim}: set --model.state_dim/--model.action_dim"
         )
-    if config.dataset.chunk_size != model.config.chunk_size:
-        raise ValueError(
-            f"dataset.chunk_size {config.dataset.chunk_size} != model.chunk_size {model.config.chunk_size}"
-        )
+    chunk_size = config.robot_datasets[0].chunk_size
+    if chunk_size != model.config.chunk_size:
+        raise ValueError(f"dataset.chunk_size {chunk_size} != model.chunk_size {model.config.chunk_size}")
 
 
 def _save(output, step, model, ema, tokenizer, stats, opt, schedule, config, training_info) -> Path:

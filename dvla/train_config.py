@@ -56,6 +56,10 @@ class TrainConfig:
 
     # The LeRobot dataset: --dataset.root=DIR (local) or --dataset.repo_id=ID (hub). None = VQA only.
     dataset: LeRobotDataConfig | None = None
+    # Several LeRobot datasets trained on as one (instead of `dataset`; a config file lists them).
+    # They need the same camera names, state/action dims, fps, chunk and image size; each dataset
+    # contributes in proportion to its number of frames.
+    datasets: list[LeRobotDataConfig] = field(default_factory=list)
     vqa: VQADataConfig = field(default_factory=VQADataConfig)
     # Fine-tune from a dvla checkpoint: weights whose name and shape fit the new model are kept (backbone,
     # vision, text); the rest (e.g. action/state layers for other dimensions) start fresh. The
@@ -89,9 +93,14 @@ class TrainConfig:
     mixed_precision: str = "bf16"
     # Log loss, learning rate and samples/s to TensorBoard under <output_dir>/logs.
     tensorboard: bool = True
+    # Also log to Weights & Biases (needs `pip install wandb` and a login; off by default).
+    wandb: bool = False
+    wandb_project: str = "dvla"
 
     def __post_init__(self):
-        if self.dataset is None and self.vqa.root is None:
+        if self.dataset is not None and self.datasets:
+            raise ValueError("set `dataset` (one LeRobot dataset) or `datasets` (several), not both")
+        if not self.robot_datasets and self.vqa.root is None:
             raise ValueError("nothing to train on: set dataset.root / dataset.repo_id, vqa.root, or both")
         for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
@@ -100,3 +109,18 @@ class TrainConfig:
             raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
         if self.mixed_precision not in ("bf16", "no"):
             raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")
+        if self.wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ValueError("--wandb true needs the wandb package: pip install wandb (then wandb login)")
+
+    @property
+    def trackers(self) -> list[str]:
+        """accelerate trackers to log to."""
+        return [name for name, on in (("tensorboard", self.tensorboard), ("wandb", self.wandb)) if on]
+
+    @property
+    def robot_datasets(self) -> list[LeRobotDataConfig]:
+        """The LeRobot datasets of the run, from `dataset` or `datasets`."""
+        return [self.dataset] if self.dataset is not None else list(self.datasets)

@@ -81,6 +81,22 @@ def test_chunks_shapes_padding_and_stats(tiny_dataset):
     np.testing.assert_allclose(stats["mean"], actions.mean(0), rtol=1e-6)
 
 
+def test_frame_cache_matches_video_decoding(tiny_dataset):
+    root, _ = tiny_dataset
+    config = dict(root=str(root), chunk_size=8, image_size=32)
+    plain = LeRobotChunks(LeRobotDataConfig(**config))
+    cached = LeRobotChunks(LeRobotDataConfig(**config, cache_frames=True))
+    end = int(plain.dataset.meta.episodes[0]["dataset_to_index"])
+    for index in (0, end - 3, end, len(plain) - 1):  # episode starts and ends of the two episodes
+        a, b = plain[index], cached[index]
+        assert a["task"] == b["task"]
+        for camera in ("corner2", "gripperPOV"):
+            atol = 0.5 / 255 + 1e-6  # uint8 rounding of the resized frame
+            torch.testing.assert_close(a["images"][camera], b["images"][camera], atol=atol, rtol=0)
+        for key in ("state", "actions", "actions_is_pad"):
+            torch.testing.assert_close(a[key], b[key])
+
+
 def test_existing_root_needs_resume_or_overwrite(tiny_dataset, tmp_path):
     root = tmp_path / "busy"
     root.mkdir()

@@ -95,3 +95,53 @@ def test_bad_config_fails_clearly(tmp_path):
         LeRobotDataConfig(root="x", chunk_size=0)
     with pytest.raises(FileNotFoundError, match="not a LeRobot dataset"):
         LeRobotChunks(LeRobotDataConfig(root=str(tmp_path)))
+
+
+@pytest.mark.parametrize("episodes", [None, [1]])
+def test_frame_cache_gives_the_decoded_samples(foreign_dataset, episodes):
+    config = dict(root=str(foreign_dataset), chunk_size=5, image_size=48, episodes=episodes)
+    plain = LeRobotChunks(LeRobotDataConfig(**config))
+    cached = LeRobotChunks(LeRobotDataConfig(**config, cache_frames=True))
+    assert cached.cache is not None and len(cached) == len(plain) == (24 if episodes is None else 12)
+    assert plain.tasks == (["stack block 0", "stack block 1"] if episodes is None else ["stack block 1"])
+    assert cached.cache.nbytes == len(plain) * 3 * 48 * 48
+    for index in range(len(plain)):  # every frame, so both episode ends and their padding
+        a, b = plain[index], cached[index]
+        assert a["task"] == b["task"]
+        assert np.allclose(a["images"]["image"], b["images"]["image"], atol=0.5 / 255 + 1e-6)
+        for key in ("state", "actions", "actions_is_pad"):
+            assert np.array_equal(a[key], b[key]), key
+
+
+def test_several_datasets_train_as_one(foreign_dataset):
+    from dvla.processor import ACTION_KEY, STATE_KEY
+    from dvla.robot_data import robot_dataset
+
+    base = dict(root=str(foreign_dataset), chunk_size=5, image_size=48)
+    whole = LeRobotChunks(LeRobotDataConfig(**base))
+    both = robot_dataset([LeRobotDataConfig(**base, episodes=[0]), LeRobotDataConfig(**base, episodes=[1])])
+    assert len(both) == len(whole) == 24
+    assert both.tasks == ["stack block 0", "stack block 1"]
+    assert both[13]["task"] == "stack block 1" and both[13]["actions"][0, 0] == 101
+    for key in (STATE_KEY, ACTION_KEY):  # stats over all frames, as if one dataset
+        for name, value in whole.stats[key].items():
+            np.testing.assert_allclose(both.stats[key][name], value, rtol=1e-9, err_msg=f"{key} {name}")
+
+
+def test_stats_use_dvla_names_whatever_the_dataset_keys(foreign_dataset):
+    from dvla.processor import STATE_KEY
+
+    config = LeRobotDataConfig(root=str(foreign_dataset), state_key="observation.environment_state")
+    data = LeRobotChunks(config)
+    assert data.stats[STATE_KEY]["q99"].shape == (3,)
+
+
+def test_datasets_that_do_not_fit_together_are_refused(foreign_dataset):
+    from dvla.robot_data import robot_dataset
+
+    base = dict(root=str(foreign_dataset), chunk_size=5, image_size=48)
+    other_state = LeRobotDataConfig(**base, state_key="observation.environment_state")
+    with pytest.raises(ValueError, match="state dimension 8 vs 3"):
+        robot_dataset([LeRobotDataConfig(**base), other_state])
+    with pytest.raises(ValueError, match="image_size 48 vs 32"):
+        robot_dataset([LeRobotDataConfig(**base), LeRobotDataConfig(**{**base, "image_size": 32})])

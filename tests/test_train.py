@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from dvla.checkpoint import load_checkpoint
-from dvla.data import LeRobotDataConfig
+from dvla.checkpoint import checkpoint_info, load_checkpoint
+from dvla.data import LeRobotChunks, LeRobotDataConfig
 from dvla.model_config import BackboneSize, DiffusionVLAConfig
 from dvla.train import ResumableBatchSampler, checkpoint_dirs, lr_factor, train
 from dvla.train_config import OptimConfig, TrainConfig
@@ -123,3 +123,32 @@ def test_two_process_ddp_on_cpu_keeps_ranks_identical(tiny_dataset, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "parameters identical across 2 processes" in run.stdout + run.stderr
     assert [p.name for p in checkpoint_dirs(tmp_path / "ddp")] == ["step-00000003"]
+
+
+def test_a_config_file_with_several_cached_datasets_trains(tiny_dataset, tmp_path):
+    import draccus
+
+    root, _ = tiny_dataset
+    config_file = tmp_path / "two.yaml"
+    config_file.write_text(
+        f"datasets:\n"
+        f"  - {{root: {root}, chunk_size: 4, image_size: 32, episodes: [0, 1], cache_frames: true}}\n"
+        f"  - {{root: {root}, chunk_size: 4, image_size: 32, episodes: [2, 3]}}\n"
+    )
+    config = draccus.parse(TrainConfig, config_path=str(config_file), args=[])
+    assert len(config.robot_datasets) == 2 and config.dataset is None
+    tiny = tiny_train_config(root, tmp_path / "run", steps=2, dataset=None, datasets=config.datasets)
+    result = train(tiny)
+    every_task = LeRobotChunks(LeRobotDataConfig(root=str(root))).tasks
+    assert len(every_task) == 2 and sorted(checkpoint_info(result.checkpoint)["tasks"]) == sorted(every_task)
+    with pytest.raises(ValueError, match="not both"):
+        tiny_train_config(root, tmp_path / "x", steps=1, datasets=config.datasets)
+
+
+def test_wandb_without_the_package_is_a_clear_error(tiny_dataset, tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    with pytest.raises(ValueError, match="pip install wandb"):
+        tiny_train_config(tiny_dataset[0], tmp_path / "w", steps=1, wandb=True)
