@@ -39,6 +39,15 @@ def test_cameras_are_told_apart():
     assert not torch.allclose(out[:, :2], out[:, 2:])  # identical pictures, different camera embeddings
 
 
+def test_a_square_feature_grid_is_pooled_in_blocks():
+    encoder = VisionEncoder(VisionConfig(image_size=32, tokens_per_camera=4, cameras=["a"]), 8)
+    grid = torch.arange(16.0).reshape(4, 4)  # one channel, cells numbered in row order
+    pooled = encoder._pooled(grid.reshape(1, 16, 1))  # (B, N, C) -> (B, K, C)
+    blocks = [grid[:2, :2], grid[:2, 2:], grid[2:, :2], grid[2:, 2:]]  # 2 x 2 blocks, not row stripes
+    assert pooled.flatten().tolist() == [b.mean().item() for b in blocks]
+    assert encoder._pooled(torch.rand(2, 6, 3)).shape == (2, 4, 3)  # a non-square count pools in 1-D
+
+
 def test_vision_config_rejects_unknown_kwargs_and_models():
     with pytest.raises(ValueError, match="not allowed"):
         VisionConfig(timm_kwargs={"pretrained_cfg_overlay": {}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -88,10 +89,24 @@ class VisionEncoder(nn.Module):
         return (image - self.mean) / self.std
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature tokens (B, N, C): a CNN's map cells in row order, or a ViT's patch tokens."""
         features = self.backbone.forward_features(x)
         if features.dim() == 4:  # CNN: (B, C, h, w) -> (B, h*w, C)
             return features.flatten(2).transpose(1, 2)
         return features[:, self.num_prefix_tokens :]  # ViT: drop class/register tokens, (B, N, C)
+
+    def _pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> (B, K, C). A square grid of cells is pooled in 2-D to sqrt(K) x sqrt(K)
+        blocks, so each token covers a patch of the image rather than a stripe of rows."""
+        k = self.tokens_per_camera
+        n = x.shape[1]
+        if n == k:
+            return x
+        side, k_side = math.isqrt(n), math.isqrt(k)
+        if side * side == n and k_side * k_side == k:
+            grid = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], side, side)  # (B, C, s, s)
+            return F.adaptive_avg_pool2d(grid, k_side).flatten(2).transpose(1, 2)  # (B, K, C)
+        return F.adaptive_avg_pool1d(x.transpose(1, 2), k).transpose(1, 2)  # (B, K, C)
 
     def forward(self, images: dict[str, torch.Tensor], train: bool = False) -> torch.Tensor:
         """Tokens of the configured cameras present in `images`, in configured order. A batch may
@@ -104,11 +119,7 @@ class VisionEncoder(nn.Module):
         for i, camera in enumerate(self.config.cameras):
             if camera not in images:
                 continue
-            x = self._features(self.preprocess(images[camera], train))  # (B, N, C)
-            if x.shape[1] != self.tokens_per_camera:
-                x = F.adaptive_avg_pool1d(x.transpose(1, 2), self.tokens_per_camera).transpose(
-                    1, 2
-                )  # (B, K, C)
+            x = self._pooled(self._features(self.preprocess(images[camera], train)))  # (B, K, C)
             x = self.projector(x) + self.token_embed + self.camera_embed.weight[i]  # (B, K, d)
             tokens.append(x)
         return torch.cat(tokens, dim=1)  # (B, n_present * K, d)
