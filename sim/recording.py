@@ -20,6 +20,8 @@ from dvla.sim.metaworld_env import ACTION_DIM, STATE_DIM
 
 PART_MANIFEST = "part.json"
 ROBOT_TYPE = "sawyer"
+# Frames lerobot's streaming video encoder may buffer per camera: more than the longest episode (500).
+ENCODER_QUEUE_FRAMES = 1024
 # torchcodec needs system FFmpeg libraries and otherwise prints a long traceback before lerobot falls
 # back to pyav; dvla asks for pyav directly. Users with FFmpeg installed can pass "torchcodec".
 VIDEO_BACKEND = "pyav"
@@ -117,6 +119,9 @@ class PartWriter:
             video_backend=VIDEO_BACKEND,
             # Encode each camera stream while frames arrive (2x faster than writing PNGs, then encoding).
             streaming_encoding=use_videos,
+            # lerobot's streaming encoder is made for live capture: when its queue is full it drops the
+            # frame (a warning, no error). We add a whole episode at once, so the queue holds one.
+            encoder_queue_maxsize=ENCODER_QUEUE_FRAMES,
         )
 
     def add_episode(self, frames: list[dict], task: str, seed: int) -> None:
@@ -135,7 +140,29 @@ class PartWriter:
             shutil.rmtree(self.path, ignore_errors=True)
             return
         self._dataset.finalize()
+        check_video_frames(self.path)  # before the manifest: a bad part stays unfinished, re-recorded
         write_json_atomic(self.path / PART_MANIFEST, [vars(e) for e in self.episodes])
+
+
+def check_video_frames(root: Path) -> None:
+    """Every camera's videos must hold exactly one frame per dataset frame; raise if not."""
+    import av
+
+    info = json.loads((root / "meta" / "info.json").read_text())
+    for key, feature in info["features"].items():
+        if feature["dtype"] != "video":
+            continue
+        count = 0
+        for path in sorted((root / "videos" / key).rglob("*.mp4")):
+            with av.open(str(path)) as container:
+                stream = container.streams.video[0]
+                count += stream.frames or sum(1 for _ in container.decode(stream))
+        if count != info["total_frames"]:
+            raise RuntimeError(
+                f"{root}: the {key} videos hold {count} frames for {info['total_frames']} dataset frames "
+                "(the video encoder dropped frames); the part is left unfinished and is recorded again "
+                "on --resume"
+            )
 
 
 def finished_parts(parts_dir: Path) -> list[tuple[Path, list[EpisodeRecord]]]:
@@ -164,3 +191,4 @@ def merge_parts(parts: list[Path], out: Path) -> None:
         roots=list(parts),
         aggr_root=out,
     )
+    check_video_frames(out)

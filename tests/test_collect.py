@@ -3,6 +3,7 @@
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,20 @@ def test_dataset_loads_offline_with_lerobot(tiny_dataset):
     for ep in range(4):
         flags = success[episode == ep]
         assert flags[-1] and not flags[:-1].any()
+
+
+def test_videos_hold_every_frame_and_a_gap_is_caught(tiny_dataset, tmp_path):
+    from dvla.sim.recording import check_video_frames
+
+    root, _ = tiny_dataset
+    check_video_frames(root)  # also run on every part while recording
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    info = json.loads((copy / "meta" / "info.json").read_text())
+    info["total_frames"] += 1  # as if the encoder had dropped a frame
+    (copy / "meta" / "info.json").write_text(json.dumps(info))
+    with pytest.raises(RuntimeError, match="dropped frames"):
+        check_video_frames(copy)
 
 
 def test_report_gives_expert_success_per_task(tiny_dataset):
