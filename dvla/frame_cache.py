@@ -46,10 +46,10 @@ class FrameCache:
         self.state = torch.from_numpy(np.asarray(table[config.state_key], np.float32).reshape(n, -1))
         self.actions = torch.from_numpy(np.asarray(table[config.action_key], np.float32).reshape(n, -1))
         episodes = np.asarray(table["episode_index"])
-        if not _contiguous(episodes):
+        starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])  # first frame of each run
+        if len(np.unique(episodes[starts])) != len(starts):  # an episode split into several runs
             raise ValueError("frames are not grouped by episode; set dataset.cache_frames false")
         # last frame index of each frame's episode: (N,)
-        starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])
         ends = np.r_[starts[1:], n] - 1
         self.episode_end = torch.from_numpy(np.repeat(ends, np.diff(np.r_[starts, n])))
         tasks = dataset.meta.tasks  # DataFrame: index = task string, column task_index
@@ -85,9 +85,3 @@ class FrameCache:
             "actions": self.actions[wanted.clamp(max=end)],  # (H, D)
             "actions_is_pad": wanted > end,  # (H,)
         }
-
-
-def _contiguous(episodes: np.ndarray) -> bool:
-    """True when each episode index occupies one run of consecutive frames."""
-    runs = episodes[np.r_[True, episodes[1:] != episodes[:-1]]]
-    return len(runs) == len(np.unique(runs))
