@@ -19,6 +19,8 @@ Command = tuple[type, Callable, str]
 
 def _commands() -> dict[str, Command]:
     from dvla import collect, rollout, rollout_config, show, train, train_config, vqa
+    from dvla.bench import config as bench_config
+    from dvla.bench import run as bench
 
     return {
         "collect": (collect.CollectConfig, collect.run, "record scripted MetaWorld demos or VQA scenes"),
@@ -26,6 +28,7 @@ def _commands() -> dict[str, Command]:
         "train": (train_config.TrainConfig, train.run, "train a DiffusionVLA on a LeRobot dataset"),
         "rollout": (rollout_config.RolloutConfig, rollout.run, "evaluate a checkpoint by MuJoCo rollouts"),
         "vqa": (vqa.VQAConfig, vqa.run, "answer questions about images, or score a VQA split"),
+        "bench": (bench_config.BenchConfig, bench.run, "benchmark decoding, peers, latency and throughput"),
     }
 
 

@@ -12,7 +12,7 @@ import json
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import draccus
@@ -33,7 +33,6 @@ class Episode:
     seed: int
     steps: int = 0
     success: bool = False
-    queue: deque = field(default_factory=deque)
     frames: list | None = None  # captioned video frames, when this episode is filmed
 
 
@@ -62,54 +61,82 @@ def _caption(episode: Episode, done: bool) -> list[str]:
     return [episode.instruction, f"{episode.task}  seed {episode.seed}  step {episode.steps}  {status}"]
 
 
-def rollout(config: RolloutConfig) -> dict:
-    from tqdm import tqdm
-
+def make_actor(config: RolloutConfig):
+    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained on."""
+    from dvla.actors import DVLAActor, LeRobotActor, resolve_lerobot_policy
     from dvla.checkpoint import checkpoint_info, resolve_checkpoint
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
-    from dvla.sim.env_pool import EnvPool
-    from dvla.sim.metaworld_env import CAMERAS, MetaWorldEnvConfig
-    from dvla.sim.tasks import resolve_tasks, task_description
-    from dvla.video import compose_frame, write_mp4
 
-    tasks = resolve_tasks(config.tasks, config.suite)
-    checkpoint = resolve_checkpoint(config.checkpoint)
-    info = checkpoint_info(checkpoint)
-    instructions = {task: task_description(task) for task in tasks}
-    check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     device = _device(config.device)
-    policy = DiffusionVLAPolicy.from_pretrained(
-        checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
-    )
-    model_config = policy.model.config
-    cameras = policy.action_cameras  # a co-trained model also knows the VQA scene camera
-    if any(c not in CAMERAS for c in cameras):
-        raise ValueError(f"the checkpoint's cameras {cameras} are not all MetaWorld cameras {CAMERAS}")
-    if model_config.action_dim != 4 or model_config.state_dim != 4:
-        raise ValueError(
-            f"MetaWorld has 4-D states and actions; the checkpoint has state/action dims "
-            f"{model_config.state_dim}/{model_config.action_dim}"
-        )
-    env_config = MetaWorldEnvConfig(
-        task=tasks[0],
-        cameras=list(cameras),
-        image_size=config.image_size or model_config.vision.image_size,
-        max_episode_steps=config.max_steps,
-    )
-    output = Path(config.output_dir)
-    video_dir = Path(config.video_dir) if config.video_dir else output / "videos"
-    fps = int(info.get("fps") or 80)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
         if config.mixed_precision == "bf16"
         else contextlib.nullcontext()
     )
+    lerobot_path = resolve_lerobot_policy(config.checkpoint)
+    if lerobot_path is not None:
+        actor = LeRobotActor(lerobot_path, device, autocast)
+        return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_size
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    policy = DiffusionVLAPolicy.from_pretrained(
+        checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
+    )
+    model_config = policy.model.config
+    if model_config.action_dim != 4 or model_config.state_dim != 4:
+        raise ValueError(
+            f"MetaWorld has 4-D states and actions; the checkpoint has state/action dims "
+            f"{model_config.state_dim}/{model_config.action_dim}"
+        )
+    actor = DVLAActor(policy, autocast)
+    return actor, checkpoint, checkpoint_info(checkpoint), model_config.vision.image_size
+
+
+def rollout(config: RolloutConfig) -> dict:
+    from dvla.sim.tasks import resolve_tasks, task_description
+
+    tasks = resolve_tasks(config.tasks, config.suite)
+    actor, checkpoint, info, image_size = make_actor(config)
+    instructions = {task: task_description(task) for task in tasks}
+    check_trained_tasks(instructions, info, config.allow_unseen_tasks)
+    output = Path(config.output_dir)
+    started = time.perf_counter()
+    finished = run_episodes(
+        actor,
+        instructions,
+        config,
+        image_size=config.image_size or image_size or 128,
+        fps=int(info.get("fps") or 80),
+    )
+    policy = getattr(actor, "type", "dvla")
+    wall = time.perf_counter() - started
+    report = _report(config, checkpoint, policy, finished, actor.stats.summary(), wall)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "report.json").write_text(json.dumps(report, indent=2))
+    (output / "partial.json").unlink(missing_ok=True)
+    (output / "report.md").write_text(format_report(report, relative_to=output))
+    return report
+
+
+def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, image_size: int, fps: int):
+    """Run `config.episodes` episodes of every task with `actor`; {task: [episode results]}."""
+    from tqdm import tqdm
+
+    from dvla.sim.env_pool import EnvPool
+    from dvla.sim.metaworld_env import CAMERAS, MetaWorldEnvConfig
+    from dvla.video import compose_frame, write_mp4
+
+    tasks = list(instructions)
+    if any(c not in CAMERAS for c in actor.cameras):
+        raise ValueError(f"the policy's cameras {actor.cameras} are not all MetaWorld cameras {CAMERAS}")
+    env_config = MetaWorldEnvConfig(
+        task=tasks[0], cameras=list(actor.cameras), image_size=image_size, max_episode_steps=config.max_steps
+    )
+    output = Path(config.output_dir)
+    video_dir = Path(config.video_dir) if config.video_dir else output / "videos"
     jobs = deque(
         (task, i, config.seed_start + i) for task in tasks for i in range(config.episodes)
     )  # task-major, so a worker rebuilds its environment rarely
     finished: dict[str, list[dict]] = {task: [] for task in tasks}
-    plan_ms, plan_batches, forwards = [], [], []
-    started = time.perf_counter()
     with (
         EnvPool(min(config.workers, len(jobs)), env_config) as pool,
         tqdm(total=len(jobs), desc="rollout", unit="episode") as bar,
@@ -128,6 +155,7 @@ def rollout(config: RolloutConfig) -> dict:
                 resets[slot] = (task, seed)
             observations.update(pool.reset(resets))
             for slot in resets:
+                actor.start(slot, observations[slot])
                 if active[slot].frames is not None:
                     active[slot].frames.append(
                         compose_frame(observations[slot]["images"], _caption(active[slot], False))
@@ -135,31 +163,16 @@ def rollout(config: RolloutConfig) -> dict:
 
         start(range(pool.size))
         while active:
-            planning = [slot for slot, ep in active.items() if not ep.queue]
-            if planning:
-                images = {
-                    c: torch.from_numpy(np.stack([observations[s]["images"][c] for s in planning]))
-                    for c in cameras
-                }
-                state = torch.from_numpy(np.stack([observations[s]["state"] for s in planning]))
-                texts = [active[s].instruction for s in planning]
-                tick = time.perf_counter()
-                with autocast:
-                    chunk = policy.predict_action_chunk(images, texts, state)  # (B, H, D)
-                plan_ms.append((time.perf_counter() - tick) * 1000)
-                plan_batches.append(len(planning))
-                forwards.append(policy.last_forwards)
-                for row, slot in enumerate(planning):
-                    active[slot].queue.extend(
-                        chunk[row, : policy.config.n_action_steps].float().cpu().numpy()
-                    )
-            results = pool.step({slot: ep.queue.popleft() for slot, ep in active.items()})
+            texts = {slot: ep.instruction for slot, ep in active.items()}
+            actions = actor.act(list(active), observations, texts)
+            results = pool.step(actions)
             done = []
             for slot, result in results.items():
                 ep = active[slot]
                 ep.steps += 1
                 ep.success = ep.success or bool(result.info["success"])
                 observations[slot] = result.observation
+                actor.observe(slot, result.observation)
                 over = ep.success or result.terminated or result.truncated
                 if ep.frames is not None:
                     ep.frames.append(compose_frame(result.observation["images"], _caption(ep, over)))
@@ -182,14 +195,7 @@ def rollout(config: RolloutConfig) -> dict:
                     success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
                 )
             start(done)
-    report = _report(
-        config, checkpoint, finished, plan_ms, plan_batches, forwards, time.perf_counter() - started
-    )
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "report.json").write_text(json.dumps(report, indent=2))
-    (output / "partial.json").unlink(missing_ok=True)
-    (output / "report.md").write_text(format_report(report, relative_to=output))
-    return report
+    return finished
 
 
 def _write_partial(output: Path, finished: dict, jobs, active) -> None:
@@ -201,7 +207,7 @@ def _write_partial(output: Path, finished: dict, jobs, active) -> None:
     tmp.rename(output / "partial.json")
 
 
-def _report(config, checkpoint, finished, plan_ms, plan_batches, forwards, wall_s) -> dict:
+def _report(config, checkpoint, policy: str, finished, timing: dict, wall_s: float) -> dict:
     per_task = {}
     for task, episodes in finished.items():
         episodes.sort(key=lambda e: e["seed"])
@@ -223,20 +229,16 @@ def _report(config, checkpoint, finished, plan_ms, plan_batches, forwards, wall_
         }
     wins = sum(t["successes"] for t in per_task.values())
     trials = sum(t["episodes"] for t in per_task.values())
-    chunks = sum(plan_batches)
     return {
         "checkpoint": str(checkpoint),
+        "policy": policy,
         "average_success": float(np.mean([t["success_rate"] for t in per_task.values()])),
         "pooled": {"successes": wins, "episodes": trials, "wilson95": list(wilson_interval(wins, trials))},
         "decode": {
             "steps": config.decode.steps,
             "autoregressive": config.decode.autoregressive,
             "n_action_steps": config.n_action_steps,
-            "forwards_per_chunk": float(np.mean(forwards)) if forwards else None,
-            "plan_calls": len(plan_ms),
-            "mean_batch": chunks / max(1, len(plan_ms)),
-            "ms_per_plan_call": float(np.mean(plan_ms)) if plan_ms else None,
-            "ms_per_chunk": float(np.sum(plan_ms) / max(1, chunks)),
+            **timing,
         },
         "wall_seconds": wall_s,
         "per_task": per_task,
@@ -253,8 +255,8 @@ def format_report(report: dict, relative_to: Path | None = None) -> str:
         f"Average success **{report['average_success']:.1%}** over {len(report['per_task'])} task(s), "
         f"{report['pooled']['episodes']} episodes (pooled 95% CI "
         f"{report['pooled']['wilson95'][0]:.1%}-{report['pooled']['wilson95'][1]:.1%}). "
-        f"Decoding: {decode['steps']} step(s){' (autoregressive)' if decode['autoregressive'] else ''}, "
-        f"{decode['forwards_per_chunk']:.1f} forwards and {decode['ms_per_chunk']:.1f} ms per chunk "
+        f"{_decoding(report)}, "
+        f"{decode['forwards_per_chunk'] or 0:.1f} forwards and {decode['ms_per_chunk']:.1f} ms per chunk "
         f"(batched over {decode['mean_batch']:.1f} episodes on average). "
         f"Wall time {report['wall_seconds']:.0f} s.",
         "",
@@ -272,6 +274,13 @@ def format_report(report: dict, relative_to: Path | None = None) -> str:
             f"{t['episodes']} | {t['mean_length']:.0f} | {' '.join(videos)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _decoding(report: dict) -> str:
+    decode, policy = report["decode"], report.get("policy", "dvla")
+    if policy != "dvla":
+        return f"LeRobot {policy} policy"
+    return f"Decoding: {decode['steps']} step(s){' (autoregressive)' if decode['autoregressive'] else ''}"
 
 
 def run(config: RolloutConfig) -> dict:

@@ -1,0 +1,103 @@
+"""Configuration of `dvla bench`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SECTIONS = ("decode", "heads", "peers", "latency", "throughput")
+PEER_POLICIES = ("act", "diffusion")
+PEER_SIZES = ("default", "small", "tiny")
+
+
+@dataclass
+class PeerConfig:
+    """LeRobot peers: trained per task with `lerobot-train` (no language input), or given as folders."""
+
+    # Policies to train and evaluate, any of PEER_POLICIES.
+    policies: list[str] = field(default_factory=lambda: list(PEER_POLICIES))
+    # The LeRobot dataset the dvla checkpoint was trained on (local root); None = do not train peers.
+    dataset_root: str | None = None
+    # Optimizer steps and batch size of each per-task peer. The benchmark's budget is "the same
+    # optimizer steps and batch size as the dvla model": dvla trains ONE model on all tasks, each peer
+    # gets that budget for its ONE task (the comparison favours the peers).
+    steps: int = 4000
+    batch_size: int = 32
+    # Network size: "default" = LeRobot's defaults; "small" = narrower transformer / U-Net that trains
+    # on a CPU (ACT 256-wide, Diffusion Policy U-Net 128-256-512); "tiny" = smoke tests. Every size
+    # uses a ResNet-18 trained from scratch (the ImageNet weights cannot be downloaded offline).
+    size: str = "small"
+    # Extra `lerobot-train` flags for every peer, e.g. ["--policy.use_amp=true"].
+    extra_args: list[str] = field(default_factory=list)
+    # Already trained LeRobot policies to evaluate instead, as "policy:task:folder" (folder = a
+    # `lerobot-train` output_dir or a pretrained_model folder).
+    trained: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        bad = [p for p in self.policies if p not in PEER_POLICIES]
+        if bad:
+            raise ValueError(f"unknown peer policies {bad}; choose from {PEER_POLICIES}")
+        if self.size not in PEER_SIZES:
+            raise ValueError(f"peers.size must be one of {PEER_SIZES}, got {self.size!r}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("peers.steps and peers.batch_size must be >= 1")
+        for entry in self.trained:
+            if entry.count(":") < 2:
+                raise ValueError(f"peers.trained entries are 'policy:task:folder', got {entry!r}")
+
+
+@dataclass
+class BenchConfig:
+    """Benchmark a trained dvla checkpoint against autoregressive decoding and LeRobot peers.
+
+    Examples:
+      dvla bench --checkpoint outputs/train/mt10 --tasks drawer-close-v3,window-close-v3 --episodes 20 \\
+          --flow_checkpoint outputs/train/mt10_flow --peers.dataset_root outputs/mt10
+      dvla bench --checkpoint CKPT --sections [latency,throughput]
+      dvla bench --checkpoint CKPT --peers.dataset_root DATA --quick   (a smoke run in a few minutes)
+    """
+
+    # A dvla checkpoint with the discrete action head (decode sweep, latency).
+    checkpoint: str | None = None
+    # A dvla checkpoint with the flow head trained on the same data and budget (heads section).
+    flow_checkpoint: str | None = None
+    peers: PeerConfig = field(default_factory=PeerConfig)
+    # Comma-separated MetaWorld tasks (all must be in the dvla checkpoint's training data).
+    tasks: str | None = None
+    # Evaluation episodes per task and setting, on seeds seed_start, seed_start + 1, ...
+    episodes: int = 20
+    seed_start: int = 1000
+    max_steps: int = 500
+    workers: int = 2
+    # Decode steps of the sweep; 0 = one token per step (parallel decoding, H*D forwards).
+    decode_steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 0])
+    # Also roll out left-to-right decoding with a KV cache (same model, same tokens).
+    autoregressive: bool = True
+    # Decode steps of the discrete head in the heads and peers comparisons.
+    default_steps: int = 4
+    # Which parts to run, any of SECTIONS.
+    sections: list[str] = field(default_factory=lambda: list(SECTIONS))
+    # Timed repeats per latency measurement (after warm-up) and training steps for throughput.
+    latency_repeats: int = 20
+    throughput_steps: int = 10
+    output_dir: str = "outputs/bench"
+    # Small everything (1 task, 1 short episode, 3 decode settings, few repeats): a smoke run.
+    quick: bool = False
+    # "auto" = cuda when available, else cpu.
+    device: str = "auto"
+
+    def __post_init__(self):
+        bad = [s for s in self.sections if s not in SECTIONS]
+        if bad:
+            raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required: a dvla checkpoint with the discrete head")
+        if any(s < 0 for s in self.decode_steps):
+            raise ValueError(f"decode_steps must be >= 1, or 0 for one token per step: {self.decode_steps}")
+        for name in ("episodes", "max_steps", "workers", "latency_repeats", "throughput_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.quick:
+            self.episodes, self.max_steps = 1, min(self.max_steps, 16)
+            self.decode_steps = [1, 4, 0]
+            self.latency_repeats, self.throughput_steps = 2, 2
+            self.peers.steps, self.peers.batch_size, self.peers.size = 2, 4, "tiny"

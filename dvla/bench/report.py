@@ -1,0 +1,237 @@
+"""The benchmark's markdown table, target verdicts and PNG plots (from the results dict of run.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _ci(row: dict) -> str:
+    low, high = row["wilson95"]
+    return f"{_pct(low)}-{_pct(high)}"
+
+
+def targets(results: dict) -> list[dict]:
+    """Each target of the benchmark: {target, value, reached (True/False/None = not measured)}."""
+    out = []
+    sweep = results.get("decode", {}).get("rows", [])
+    latency = {row["name"]: row for row in results.get("latency", {}).get("rows", [])}
+    if sweep:
+        best = max(r["success"] for r in sweep)
+        few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
+        best_few = max((r["success"] for r in few), default=None)
+        out.append(
+            {
+                "target": "<= 4 denoising forwards per chunk within 2 points of the best success",
+                "value": f"best at <= 4 steps {_pct(best_few or 0)}, best overall {_pct(best)}",
+                "reached": None if best_few is None else best_few >= best - 0.02,
+            }
+        )
+    four, ar = latency.get("dvla discrete, 4 steps"), latency.get("dvla discrete, autoregressive")
+    if four and ar:
+        ratio = ar["ms_per_chunk"] / four["ms_per_chunk"]
+        out.append(
+            {
+                "target": ">= 8x lower latency per chunk than AR decoding (same model)",
+                "value": f"{ratio:.1f}x ({four['ms_per_chunk']:.1f} vs {ar['ms_per_chunk']:.1f} ms)",
+                "reached": ratio >= 8,
+            }
+        )
+    peers = results.get("peers", {}).get("summary", {})
+    ours = results.get("peers", {}).get("dvla")
+    for policy, bound in (("act", 1.5), ("diffusion", 1 / 3)):
+        if policy in peers and ours:
+            theirs = peers[policy]
+            out.append(
+                {
+                    "target": f"success >= {policy} on the same tasks and budget",
+                    "value": f"dvla {_pct(ours['success'])} vs {policy} {_pct(theirs['success'])}",
+                    "reached": ours["success"] >= theirs["success"],
+                }
+            )
+        peer_latency = latency.get(policy)
+        if peer_latency and four:
+            mine, theirs_ms = four["ms_per_chunk"], peer_latency["ms_per_chunk"]
+            ratio = mine / theirs_ms
+            out.append(
+                {
+                    "target": f"latency per chunk <= {bound:.2g}x {policy}'s",
+                    "value": f"{ratio:.2f}x ({mine:.1f} vs {theirs_ms:.1f} ms)",
+                    "reached": ratio <= bound,
+                }
+            )
+    throughput = results.get("throughput")
+    if throughput:
+        fraction = throughput["fraction_of_bf16_matmul"]
+        out.append(
+            {
+                "target": "training at >= 30% of the measured bf16 matmul rate",
+                "value": f"{_pct(fraction)} ({throughput['flops_per_s'] / 1e12:.2f} of "
+                f"{throughput['matmul_bf16_flops_per_s'] / 1e12:.2f} TFLOP/s)",
+                "reached": fraction >= 0.30,
+            }
+        )
+    return out
+
+
+def markdown(results: dict) -> str:
+    run = results["run"]
+    lines = [
+        "# dvla benchmark",
+        "",
+        f"Command: `{run['command']}`  ",
+        f"Checkpoint: `{run['checkpoint']}`; tasks: {', '.join(run['tasks'])}; {run['episodes']} episodes "
+        f"per task and setting on seeds {run['seed_start']}-{run['seed_start'] + run['episodes'] - 1}; "
+        f"at most {run['max_steps']} steps; machine: {run['machine']}.  ",
+        "Success is pooled over tasks with its Wilson 95% interval.",
+    ]
+    decode = results.get("decode")
+    if decode:
+        lines += [
+            "",
+            "## Decoding sweep (same model, same seeds)",
+            "",
+            "| decoding | denoising forwards | + prefix pass | ms / chunk (batch 1) | success | 95% CI |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in decode["rows"]:
+            ms = f"{r['ms_batch1']:.1f}" if r.get("ms_batch1") is not None else "-"
+            success = f"{_pct(r['success'])} | {_ci(r)}"
+            lines.append(f"| {r['name']} | {r['steps']} | {r['forwards']:.0f} | {ms} | {success} |")
+    heads = results.get("heads")
+    if heads:
+        lines += ["", "## Discrete vs flow action head", "", "| head | success | 95% CI | ms / chunk |"]
+        lines += ["| --- | ---: | ---: | ---: |"]
+        for r in heads["rows"]:
+            lines.append(f"| {r['name']} | {_pct(r['success'])} | {_ci(r)} | {r['ms_batch1']:.1f} |")
+    peers = results.get("peers")
+    if peers:
+        lines += [
+            "",
+            "## Peers (LeRobot, trained with lerobot-train, one model per task)",
+            "",
+            f"Budget: {peers['budget']}",
+            "",
+            "| policy | task | success | 95% CI | training s |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        for r in peers["rows"]:
+            seconds = f"{r['train_seconds']:.0f}" if r.get("train_seconds") else "-"
+            lines.append(f"| {r['policy']} | {r['task']} | {_pct(r['success'])} | {_ci(r)} | {seconds} |")
+        for policy, r in peers["summary"].items():
+            lines.append(f"| **{policy}** | all | **{_pct(r['success'])}** | {_ci(r)} | |")
+        if peers.get("dvla"):
+            r = peers["dvla"]
+            lines.append(f"| **dvla** ({r['name']}) | all | **{_pct(r['success'])}** | {_ci(r)} | |")
+    latency = results.get("latency")
+    if latency:
+        lines += [
+            "",
+            "## Latency at batch 1 (bf16 autocast)",
+            "",
+            "| policy | forwards / chunk | ms / chunk | actions / chunk | ms / control step |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        for r in latency["rows"]:
+            lines.append(
+                f"| {r['name']} | {r['forwards']} | {r['ms_per_chunk']:.1f} | {r['n_action_steps']} | "
+                f"{r['ms_per_control_step']:.2f} |"
+            )
+        if latency.get("notes"):
+            lines += ["", *[f"- {note}" for note in latency["notes"]]]
+    t = results.get("throughput")
+    if t:
+        lines += [
+            "",
+            "## Training throughput (default config, bf16 autocast)",
+            "",
+            f"{t['samples_per_s']:.1f} samples/s at batch {t['batch_size']} "
+            f"({t['parameters'] / 1e6:.1f} M parameters, {t['flops_per_step'] / 1e9:.0f} GFLOP per step): "
+            f"{t['flops_per_s'] / 1e12:.3f} TFLOP/s = **{_pct(t['fraction_of_bf16_matmul'])}** of the "
+            f"measured bf16 matmul rate ({t['matmul_bf16_flops_per_s'] / 1e12:.2f} TFLOP/s) and "
+            f"{_pct(t['fraction_of_fp32_matmul'])} of fp32 "
+            f"({t['matmul_fp32_flops_per_s'] / 1e12:.2f} TFLOP/s).",
+        ]
+    verdicts = targets(results)
+    if verdicts:
+        lines += ["", "## Targets", "", "| target | measured | reached |", "| --- | --- | --- |"]
+        for v in verdicts:
+            reached = {True: "yes", False: "**no**", None: "not measured"}[v["reached"]]
+            lines.append(f"| {v['target']} | {v['value']} | {reached} |")
+    if results.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in results["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    """Success vs forwards, success vs latency and a latency bar chart; returns the PNG paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = results["run"]
+    footer = (
+        f"{run['command']}\n{len(run['tasks'])} task(s), {run['episodes']} episodes each, seeds from "
+        f"{run['seed_start']}; bars: Wilson 95% interval"
+    )
+    paths = []
+    rows = results.get("decode", {}).get("rows", [])
+    for x_key, x_label, name in (
+        ("forwards", "backbone forwards per chunk (prefix pass included)", "success_vs_forwards.png"),
+        ("ms_batch1", "ms per chunk at batch 1", "success_vs_latency.png"),
+    ):
+        points = [r for r in rows if r.get(x_key) is not None]
+        if not points:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for ar in (False, True):
+            group = [r for r in points if r["autoregressive"] == ar]
+            if not group:
+                continue
+            y = [100 * r["success"] for r in group]
+            err = [
+                [100 * (r["success"] - r["wilson95"][0]) for r in group],
+                [100 * (r["wilson95"][1] - r["success"]) for r in group],
+            ]
+            ax.errorbar(
+                [r[x_key] for r in group],
+                y,
+                yerr=err,
+                fmt="s" if ar else "o-",
+                capsize=3,
+                label="autoregressive (KV cache)" if ar else "parallel diffusion decoding",
+            )
+            for r in group:
+                xy = (r[x_key], 100 * r["success"])
+                ax.annotate(r["label"], xy, textcoords="offset points", xytext=(4, 4))
+        ax.set_xscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel("success rate (%)")
+        ax.set_ylim(-5, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best")
+        fig.text(0.01, 0.01, footer, fontsize=6, va="bottom")
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        path = out / name
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(str(path))
+    latency = results.get("latency", {}).get("rows", [])
+    if latency:
+        fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(latency) + 1.6))
+        ax.barh([r["name"] for r in latency], [r["ms_per_chunk"] for r in latency])
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per chunk at batch 1 (bf16 autocast)")
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        fig.text(0.01, 0.01, run["command"], fontsize=6, va="bottom")
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        path = out / "latency.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths

@@ -1,0 +1,285 @@
+"""`dvla bench`: run the sections, save bench.json, bench.md and PNG plots under output_dir.
+
+Every rollout goes through `dvla rollout`'s harness (same environments, seeds and success rule) and
+is saved in its own folder under rollouts/; a finished one with the same settings is reused, so an
+interrupted benchmark resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import draccus
+import torch
+
+from dvla.backbone.decoder import DecodeConfig
+from dvla.bench import latency as lat
+from dvla.bench.config import BenchConfig
+from dvla.bench.peers import task_episodes, train_peer
+from dvla.bench.report import markdown, plots, targets
+from dvla.metrics import wilson_interval
+from dvla.rollout_config import RolloutConfig
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+
+
+class Bench:
+    def __init__(self, config: BenchConfig):
+        from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
+        from dvla.sim.tasks import resolve_tasks, task_description
+
+        self.config, self.device = config, _device(config.device)
+        self.out = Path(config.output_dir)
+        self.checkpoint = resolve_checkpoint(config.checkpoint)
+        self.model, self.tokenizer, _ = load_checkpoint(self.checkpoint, self.device)
+        if self.model.config.action_head != "discrete":
+            raise ValueError(
+                f"{self.checkpoint} has the {self.model.config.action_head!r} head; --checkpoint takes a "
+                "discrete-head checkpoint (give a flow one as --flow_checkpoint)"
+            )
+        tasks = resolve_tasks(config.tasks, None if config.tasks else "mt10")
+        self.tasks = tasks[:1] if config.quick else tasks
+        self.instructions = {task: task_description(task) for task in self.tasks}
+        trained = checkpoint_info(self.checkpoint).get("tasks") or []
+        unseen = [task for task, text in self.instructions.items() if trained and text not in trained]
+        if unseen:
+            raise ValueError(f"{self.checkpoint} was not trained on {unseen}; pick --tasks from its data")
+        self.tokens = self.model.config.chunk_size * self.model.config.action_dim
+        self.n_action_steps = max(1, self.model.config.chunk_size // 2)
+        self.results: dict = {
+            "run": {
+                "command": "dvla " + " ".join(sys.argv[1:]),
+                "checkpoint": str(self.checkpoint),
+                "tasks": self.tasks,
+                "episodes": config.episodes,
+                "seed_start": config.seed_start,
+                "max_steps": config.max_steps,
+                "machine": _machine(self.device),
+                "torch": torch.__version__,
+            },
+            "config": draccus.encode(config),
+        }
+
+    # ---- rollouts -------------------------------------------------------------------------------
+    def evaluate(self, name: str, checkpoint, tasks: list[str], decode: DecodeConfig | None = None) -> dict:
+        """Roll out one policy on `tasks` (reusing a finished identical run); returns its report."""
+        from dvla.rollout import rollout
+
+        c = self.config
+        config = RolloutConfig(
+            checkpoint=str(checkpoint),
+            tasks=",".join(tasks),
+            episodes=c.episodes,
+            seed_start=c.seed_start,
+            max_steps=c.max_steps,
+            workers=c.workers,
+            decode=decode or DecodeConfig(),
+            output_dir=str(self.out / "rollouts" / name),
+            videos_per_task=0,
+            device=c.device,
+        )
+        saved = Path(config.output_dir) / "report.json"
+        if saved.exists():
+            report = json.loads(saved.read_text())
+            if report["config"] == draccus.encode(config):
+                print(f"bench: reusing {saved}")
+                return report
+        print(f"bench: rolling out {name} on {len(tasks)} task(s) x {c.episodes} episodes")
+        return rollout(config)
+
+    @staticmethod
+    def success(report: dict) -> dict:
+        pooled = report["pooled"]
+        return {
+            "success": pooled["successes"] / pooled["episodes"],
+            "successes": pooled["successes"],
+            "episodes": pooled["episodes"],
+            "wilson95": pooled["wilson95"],
+            "per_task": {t: r["success_rate"] for t, r in report["per_task"].items()},
+        }
+
+    def decode_setting(self, steps: int | None) -> tuple[str, str, DecodeConfig]:
+        """(name, plot label, decode config); steps None = autoregressive."""
+        if steps is None:
+            return "dvla discrete, autoregressive", "AR", DecodeConfig(autoregressive=True)
+        return f"dvla discrete, {steps} steps", str(steps), DecodeConfig(steps=steps)
+
+    def time_decode(self, decode: DecodeConfig, use_cache: bool = True, model=None) -> lat.Timing:
+        return lat.time_dvla(
+            model or self.model, decode, use_cache, self.config.latency_repeats, self.n_action_steps
+        )
+
+    # ---- sections -------------------------------------------------------------------------------
+    def decode_sweep(self) -> None:
+        rows = []
+        settings = [s or self.tokens for s in self.config.decode_steps]
+        for steps in sorted(set(settings)) + ([None] if self.config.autoregressive else []):
+            name, label, decode = self.decode_setting(steps)
+            report = self.evaluate(f"dvla_{'ar' if steps is None else f'steps{steps}'}", self.checkpoint,
+                                   self.tasks, decode)  # fmt: skip
+            timing = self.time_decode(decode)
+            rows.append(
+                {
+                    "name": name,
+                    "label": label,
+                    "autoregressive": steps is None,
+                    "steps": self.tokens if steps is None else min(steps, self.tokens),
+                    "forwards": timing.forwards,
+                    "ms_batch1": timing.ms_per_chunk,
+                    "ms_per_chunk_in_rollout": report["decode"]["ms_per_chunk"],
+                    **self.success(report),
+                }
+            )
+            print(f"bench: {name}: {rows[-1]['success']:.0%}, {timing.ms_per_chunk:.1f} ms per chunk")
+        self.results["decode"] = {"rows": rows}
+
+    def heads(self) -> None:
+        from dvla.checkpoint import load_checkpoint
+
+        if not self.config.flow_checkpoint:
+            print("bench: heads skipped (no --flow_checkpoint)")
+            return
+        flow, _, _ = load_checkpoint(self.config.flow_checkpoint, self.device)
+        if flow.config.action_head != "flow":
+            raise ValueError(f"--flow_checkpoint {self.config.flow_checkpoint} has the discrete head")
+        rows = []
+        for name, checkpoint, model, decode in (
+            (f"discrete, {self.config.default_steps} steps", self.checkpoint, self.model,
+             DecodeConfig(steps=self.config.default_steps)),
+            (f"flow, {flow.config.flow.integration_steps} Euler steps", self.config.flow_checkpoint, flow,
+             DecodeConfig()),
+        ):  # fmt: skip
+            key = "flow" if model is flow else f"steps{self.config.default_steps}"
+            report = self.evaluate(f"dvla_{key}", checkpoint, self.tasks, decode)
+            timing = self.time_decode(decode, model=model)
+            rows.append({"name": name, "ms_batch1": timing.ms_per_chunk, **self.success(report)})
+        self.results["heads"] = {"rows": rows}
+
+    def peers(self) -> None:
+        peers = self.config.peers
+        trained = []  # (policy, task, folder, training record or None)
+        for entry in peers.trained:
+            policy, task, folder = entry.split(":", 2)
+            trained.append((policy, task, Path(folder), None))
+        if peers.dataset_root:
+            episodes = task_episodes(peers.dataset_root, self.instructions)
+            for policy in peers.policies:
+                for task in self.tasks:
+                    folder = self.out / "peers" / policy / task
+                    print(f"bench: training {policy} on {task} ({len(episodes[task])} episodes, "
+                          f"{peers.steps} steps, log {folder}.log)")  # fmt: skip
+                    chunk = self.model.config.chunk_size
+                    record = train_peer(policy, task, episodes[task], peers, folder, chunk, self.device.type)
+                    trained.append((policy, task, folder, record))
+        if not trained:
+            print("bench: peers skipped (give --peers.dataset_root to train them, or --peers.trained)")
+            return
+        rows = []
+        for policy, task, folder, record in trained:
+            report = self.evaluate(f"{policy}_{task}", folder, [task])
+            rows.append(
+                {
+                    "policy": policy,
+                    "task": task,
+                    "folder": str(folder),
+                    "train_seconds": record["seconds"] if record else None,
+                    "command": record["command"] if record else None,
+                    **self.success(report),
+                }
+            )
+        summary = {}
+        for policy in sorted({r["policy"] for r in rows}):
+            mine = [r for r in rows if r["policy"] == policy]
+            wins, trials = sum(r["successes"] for r in mine), sum(r["episodes"] for r in mine)
+            summary[policy] = {
+                "success": wins / trials,
+                "wilson95": list(wilson_interval(wins, trials)),
+                "tasks": [r["task"] for r in mine],
+            }
+        name, _, decode = self.decode_setting(self.config.default_steps)
+        report = self.evaluate(f"dvla_steps{self.config.default_steps}", self.checkpoint, self.tasks, decode)
+        budget = (
+            f"each peer: {peers.steps} optimizer steps at batch {peers.batch_size} on its one task "
+            f"(LeRobot '{peers.size}' size); dvla: one model for all tasks (see its training config)"
+        )
+        self.results["peers"] = {"rows": rows, "summary": summary, "budget": budget,
+                                 "dvla": {"name": name, **self.success(report)}}  # fmt: skip
+        self._peer_folders = {policy: folder for policy, _, folder, _ in trained}
+
+    def latency(self) -> None:
+        from dvla.actors import LeRobotActor, resolve_lerobot_policy
+
+        rows, notes = [], []
+        for steps, use_cache in ((self.config.default_steps, True), (self.config.default_steps, False),
+                                 (self.tokens, True), (None, True)):  # fmt: skip
+            name, _, decode = self.decode_setting(steps)
+            timing = self.time_decode(decode, use_cache)
+            rows.append(timing.row(name=name + ("" if use_cache else ", no prefix cache"), cache=use_cache))
+        flow_model = self._flow_model()
+        timing = self.time_decode(DecodeConfig(), model=flow_model)
+        rows.append(timing.row(name=f"dvla flow, {flow_model.config.flow.integration_steps} Euler steps"))
+        folders = getattr(self, "_peer_folders", {})
+        for policy in self.config.peers.policies:
+            folder = folders.get(policy)
+            path = resolve_lerobot_policy(folder) if folder else None
+            if path is None:
+                notes.append(f"{policy}: no trained peer to time (run the peers section)")
+                continue
+            actor = LeRobotActor(path, self.device)
+            rows.append(lat.time_lerobot(actor, self.config.latency_repeats, self.device).row(name=policy))
+        self.results["latency"] = {"rows": rows, "notes": notes}
+
+    def _flow_model(self):
+        """The flow checkpoint, or an untrained flow-head twin of the checkpoint (latency only)."""
+        from dvla.checkpoint import load_checkpoint
+        from dvla.model import DiffusionVLA
+
+        if self.config.flow_checkpoint:
+            return load_checkpoint(self.config.flow_checkpoint, self.device)[0]
+        twin = replace(self.model.config, action_head="flow")
+        return DiffusionVLA(twin, self.model.text, self.model.backbone.config).to(self.device).eval()
+
+    def throughput(self) -> None:
+        from dvla.bench.throughput import measure
+
+        batch = 4 if self.config.quick else 32
+        self.results["throughput"] = measure(self.device, batch, self.config.throughput_steps)
+
+    # ---- output ---------------------------------------------------------------------------------
+    def save(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results["plots"] = plots(self.results, self.out)
+        self.results["targets"] = targets(self.results)
+        (self.out / "bench.json").write_text(json.dumps(self.results, indent=2))
+        (self.out / "bench.md").write_text(markdown(self.results))
+        return self.out / "bench.md"
+
+
+def run(config: BenchConfig) -> dict:
+    bench = Bench(config)
+    order = ["throughput", "decode", "heads", "peers", "latency"]  # peers before latency (it times them)
+    for section in order:
+        if section in config.sections:
+            print(f"bench: section {section}")
+            {"throughput": bench.throughput, "decode": bench.decode_sweep, "heads": bench.heads,
+             "peers": bench.peers, "latency": bench.latency}[section]()  # fmt: skip
+            bench.save()  # after every section: an interrupted run keeps what it measured
+    report = bench.save()
+    print(report.read_text())
+    print(f"saved {report}, {bench.out / 'bench.json'} and plots")
+    return bench.results

@@ -1,0 +1,109 @@
+"""Training throughput of the default config next to the machine's measured matmul rate.
+
+FLOPs of one training step come from torch's FlopCounterMode (matmuls and convolutions, forward and
+backward); the matmul rate from timing square matmuls in the same process, so the ratio holds on
+any machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from dvla.batch import ActionBatch, Observation, fake_action_batch
+from dvla.model import DiffusionVLA, TextSpecials
+from dvla.model_config import DiffusionVLAConfig
+from dvla.vision import VisionConfig
+
+CAMERAS = ["corner2", "gripperPOV"]  # the MetaWorld configs' cameras
+
+
+def matmul_rate(dtype: torch.dtype, device: torch.device, size: int = 2048, seconds: float = 2.0) -> float:
+    """Achieved FLOP/s of (size x size) @ (size x size) matmuls in `dtype`."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):  # warm-up
+        a @ b
+    _sync(device)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+        _sync(device)
+    return 2 * size**3 * count / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def default_model(device: torch.device) -> DiffusionVLA:
+    """The default model size with the MetaWorld configs' inputs (2 cameras at 128 px, H=16, D=4)."""
+    config = DiffusionVLAConfig(vision=VisionConfig(cameras=CAMERAS, image_size=128))
+    return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).to(device)
+
+
+def training_throughput(batch_size: int, steps: int, device: torch.device) -> dict:
+    """Samples/s and FLOP/s of full training steps (forward, backward, AdamW) under bf16 autocast."""
+    torch.manual_seed(0)
+    model = default_model(device).train()
+    config = model.config
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = fake_action_batch(batch_size, CAMERAS, 128, 12, 1000, 4, config.chunk_size, config.action_dim)
+    batch = _to(batch, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+
+    def step(counter=None):
+        with counter or contextlib.nullcontext():
+            with autocast:
+                loss, _ = model(batch)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    counter = FlopCounterMode(display=False)
+    step(counter)  # also the warm-up
+    flops = counter.get_total_flops()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    seconds = (time.perf_counter() - start) / steps
+    return {
+        "batch_size": batch_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "flops_per_step": flops,
+        "seconds_per_step": seconds,
+        "samples_per_s": batch_size / seconds,
+        "flops_per_s": flops / seconds,
+    }
+
+
+def _to(batch: ActionBatch, device: torch.device) -> ActionBatch:
+    obs = batch.observation
+    obs = Observation(
+        {c: img.to(device) for c, img in obs.images.items()},
+        obs.text_ids.to(device),
+        obs.text_valid.to(device),
+        obs.state.to(device),
+    )
+    return ActionBatch(obs, batch.actions.to(device), batch.actions_is_pad.to(device))
+
+
+def measure(device: torch.device, batch_size: int = 32, steps: int = 10) -> dict:
+    """Training throughput and the matmul rates it is compared with, from one process."""
+    bf16 = matmul_rate(torch.bfloat16, device)
+    fp32 = matmul_rate(torch.float32, device)
+    train = training_throughput(batch_size, steps, device)
+    return {
+        **train,
+        "matmul_bf16_flops_per_s": bf16,
+        "matmul_fp32_flops_per_s": fp32,
+        "fraction_of_bf16_matmul": train["flops_per_s"] / bf16,
+        "fraction_of_fp32_matmul": train["flops_per_s"] / fp32,
+    }

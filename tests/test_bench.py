@@ -1,0 +1,167 @@
+"""`dvla bench --quick` end to end (tiny dvla checkpoints, ACT and Diffusion Policy trained by
+lerobot-train for 2 steps), its resumability, and the target verdicts."""
+
+import json
+
+import pytest
+from test_train import tiny_train_config
+
+from dvla.bench.config import BenchConfig, PeerConfig
+from dvla.bench.peers import DONE_FILE, task_episodes, train_peer
+from dvla.bench.report import targets
+from dvla.cli import main
+from dvla.sim.tasks import task_description
+from dvla.train import train
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_dataset, tmp_path_factory):
+    """A discrete-head and a flow-head tiny dvla checkpoint trained on the tiny dataset."""
+    root, _ = tiny_dataset
+    out = tmp_path_factory.mktemp("bench_train")
+    discrete = train(tiny_train_config(root, out / "discrete", steps=2, tensorboard=False)).checkpoint
+    config = tiny_train_config(root, out / "flow", steps=2, tensorboard=False)
+    config.model.action_head = "flow"
+    flow = train(config).checkpoint
+    return discrete, flow
+
+
+@pytest.fixture(scope="module")
+def bench_run(checkpoints, tiny_dataset, tmp_path_factory):
+    root, _ = tiny_dataset
+    discrete, flow = checkpoints
+    out = tmp_path_factory.mktemp("bench") / "out"
+    args = ["bench", "--checkpoint", str(discrete), "--flow_checkpoint", str(flow), "--tasks", "reach-v3"]
+    args += ["--quick", "--workers", "1", "--peers.dataset_root", str(root), "--output_dir", str(out)]
+    assert main(args) == 0
+    return args, out
+
+
+def test_quick_bench_measures_every_section(bench_run):
+    _, out = bench_run
+    results = json.loads((out / "bench.json").read_text())
+    tokens = 4 * 4  # chunk 4 x action dim 4
+    rows = {r["name"]: r for r in results["decode"]["rows"]}
+    assert set(rows) == {
+        "dvla discrete, 1 steps",
+        "dvla discrete, 4 steps",
+        f"dvla discrete, {tokens} steps",
+        "dvla discrete, autoregressive",
+    }
+    assert rows["dvla discrete, 1 steps"]["forwards"] == 2  # one denoising step + the prefix pass
+    assert rows["dvla discrete, 4 steps"]["forwards"] == 5
+    assert rows["dvla discrete, autoregressive"]["forwards"] == tokens + 1
+    for row in rows.values():
+        assert row["episodes"] == 1 and 0 <= row["wilson95"][0] <= row["success"] <= row["wilson95"][1]
+        assert row["ms_batch1"] > 0
+    heads = [r["name"] for r in results["heads"]["rows"]]
+    assert heads[0].startswith("discrete") and heads[1].startswith("flow")
+    peers = results["peers"]
+    pairs = {(r["policy"], r["task"]) for r in peers["rows"]}
+    assert pairs == {("act", "reach-v3"), ("diffusion", "reach-v3")}
+    for row in peers["rows"]:
+        assert row["train_seconds"] > 0 and "lerobot-train" in row["command"] and row["episodes"] == 1
+    assert set(peers["summary"]) == {"act", "diffusion"} and peers["dvla"]["episodes"] == 1
+    latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
+    assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
+    assert latency["diffusion"]["forwards"] == 4  # the tiny peer's 4 denoising steps
+    for row in latency.values():
+        assert row["ms_per_control_step"] == pytest.approx(row["ms_per_chunk"] / row["n_action_steps"])
+    t = results["throughput"]
+    assert t["flops_per_step"] > 0 and t["samples_per_s"] > 0
+    assert t["fraction_of_bf16_matmul"] == pytest.approx(t["flops_per_s"] / t["matmul_bf16_flops_per_s"])
+    for name in ("success_vs_forwards.png", "success_vs_latency.png", "latency.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    md = (out / "bench.md").read_text()
+    assert "## Targets" in md and "reach-v3" in md and "| act | reach-v3 |" in md
+
+
+def test_bench_reuses_finished_work(bench_run, capsys):
+    args, out = bench_run
+    peer_record = out / "peers" / "act" / "reach-v3" / DONE_FILE
+    before = peer_record.read_text()
+    first = json.loads((out / "bench.json").read_text())
+    assert main([*args, "--sections", "[decode,peers]"]) == 0
+    assert "reusing" in capsys.readouterr().out
+    assert peer_record.read_text() == before  # not retrained
+    again = json.loads((out / "bench.json").read_text())
+    assert [r["success"] for r in again["decode"]["rows"]] == [r["success"] for r in first["decode"]["rows"]]
+
+
+def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dataset):
+    root, _ = tiny_dataset
+    _, out = bench_run
+    folder = out / "peers" / "act" / "reach-v3"
+    config = PeerConfig(policies=["act"], dataset_root=str(root), steps=3, batch_size=4, size="tiny")
+    with pytest.raises(FileExistsError, match="steps=2"):
+        train_peer("act", "reach-v3", [0], config, folder, 4, "cpu")
+
+
+def test_peer_is_refused_on_a_task_it_was_not_trained_on(bench_run, tmp_path, capsys):
+    _, out = bench_run
+    peer = out / "peers" / "act" / "reach-v3"
+    args = ["rollout", "--checkpoint", str(peer), "--tasks", "door-open-v3", "--output_dir", str(tmp_path)]
+    assert main(args) == 1
+    assert "not trained on ['door-open-v3']" in capsys.readouterr().err
+
+
+def test_missing_task_in_peer_dataset(tiny_dataset):
+    root, _ = tiny_dataset
+    with pytest.raises(ValueError, match="no episodes of \\['pick-place-v3'\\]"):
+        task_episodes(root, {"pick-place-v3": task_description("pick-place-v3")})
+    episodes = task_episodes(root, {"reach-v3": task_description("reach-v3")})
+    assert len(episodes["reach-v3"]) == 2
+
+
+def test_bench_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="--checkpoint is required"):
+        BenchConfig()
+    with pytest.raises(ValueError, match="unknown sections"):
+        BenchConfig(checkpoint="x", sections=["speed"])
+    with pytest.raises(ValueError, match="policy:task:folder"):
+        PeerConfig(trained=["act:somewhere"])
+    with pytest.raises(ValueError, match="unknown peer policies"):
+        PeerConfig(policies=["pi0"])
+    with pytest.raises(ValueError, match="peers.size"):
+        PeerConfig(size="huge")
+
+
+def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float) -> dict:
+    row = dict(autoregressive=False, wilson95=[0, 1])
+    return {
+        "decode": {
+            "rows": [
+                {**row, "steps": 2, "success": best_few - 0.1},
+                {**row, "steps": 4, "success": best_few},
+                {**row, "steps": 16, "success": 0.9},
+            ]
+        },
+        "latency": {
+            "rows": [
+                {"name": "dvla discrete, 4 steps", "ms_per_chunk": 10.0},
+                {"name": "dvla discrete, autoregressive", "ms_per_chunk": ar_ms},
+                {"name": "act", "ms_per_chunk": 8.0},
+                {"name": "diffusion", "ms_per_chunk": 40.0},
+            ]
+        },
+        "peers": {"summary": {"act": {"success": peer_success}}, "dvla": {"success": 0.5}},
+        "throughput": {
+            "fraction_of_bf16_matmul": fraction,
+            "flops_per_s": 1e12 * fraction,
+            "matmul_bf16_flops_per_s": 1e12,
+        },
+    }
+
+
+def test_target_verdicts():
+    reached = {v["target"]: v["reached"] for v in targets(_results(0.89, 100.0, 0.4, 0.35))}
+    assert reached["<= 4 denoising forwards per chunk within 2 points of the best success"] is True
+    assert reached[">= 8x lower latency per chunk than AR decoding (same model)"] is True
+    assert reached["success >= act on the same tasks and budget"] is True
+    assert reached["latency per chunk <= 1.5x act's"] is True  # 10 / 8 = 1.25
+    assert reached["latency per chunk <= 0.33x diffusion's"] is True  # 10 / 40
+    assert reached["training at >= 30% of the measured bf16 matmul rate"] is True
+    missed = {v["target"]: v["reached"] for v in targets(_results(0.85, 70.0, 0.6, 0.2))}
+    assert not any(missed[k] for k in missed if "diffusion" not in k and "act's" not in k)
