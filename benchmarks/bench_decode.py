@@ -2,7 +2,9 @@
 
     python benchmarks/bench_decode.py [--quick] [--out outputs/bench/decode.json]
 
-One realistic CPU configuration (2 cameras at 128 px, H = 16, D = 4, the default model size), batch 1,
+For the latency of a trained checkpoint next to AR decoding and LeRobot peers, use
+`dvla bench --sections [latency]`; this script sweeps model sizes with random weights. One realistic
+CPU configuration (2 cameras at 128 px, H = 16, D = 4, the default model size), batch 1,
 bf16 autocast, a randomly initialised model (latency does not depend on the weights). Prints a
 markdown table and saves JSON. Ratios in one run are what to compare.
 """
@@ -14,14 +16,13 @@ import json
 import os
 import platform
 import resource
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from dvla.backbone.decoder import DecodeConfig
 from dvla.batch import fake_observation
+from dvla.bench.latency import median_ms
 from dvla.model import DiffusionVLA, TextSpecials
 from dvla.model_config import BackboneSize, DiffusionVLAConfig
 from dvla.vision import VisionConfig
@@ -41,15 +42,15 @@ def build(action_head: str = "discrete", hidden: int = 256, layers: int = 4) -> 
 
 
 def time_chunk(model, obs, decode: DecodeConfig, use_cache: bool, repeats: int) -> tuple[float, int]:
-    """Median milliseconds per chunk and backbone forwards."""
-    times, forwards = [], 0
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        for i in range(repeats + 2):  # two warm-up runs
-            start = time.perf_counter()
+    """Median milliseconds per chunk and backbone forwards (dvla.bench.latency's timing)."""
+    forwards = 0
+
+    def chunk():
+        nonlocal forwards
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             _, forwards = model.sample_actions(obs, decode, use_cache=use_cache)
-            if i >= 2:
-                times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), forwards
+
+    return median_ms(chunk, repeats, torch.device("cpu")), forwards
 
 
 def main() -> None:

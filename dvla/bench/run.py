@@ -235,8 +235,9 @@ class Bench:
         rows.append(timing.row(name=f"dvla flow, {flow_model.config.flow.integration_steps} Euler steps"))
         folders = getattr(self, "_peer_folders", {})
         for policy in self.config.peers.policies:
-            folder = folders.get(policy)
-            path = resolve_lerobot_policy(folder) if folder else None
+            # a peer trained in this run, else one an earlier run trained on the first task
+            folder = folders.get(policy) or self.out / "peers" / policy / self.tasks[0]
+            path = resolve_lerobot_policy(folder)
             if path is None:
                 notes.append(f"{policy}: no trained peer to time (run the peers section)")
                 continue
