@@ -89,7 +89,7 @@ def task_episodes(dataset_root: str | Path, instructions: dict[str, str]) -> dic
 def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path, chunk: int,
                device: str) -> list[str]:  # fmt: skip
     """The `lerobot-train` command line of one per-task peer."""
-    root = Path(config.dataset_root)
+    root = Path(config.dataset_root).resolve()  # the peer's train_config.json must find it from anywhere
     size_args = list(SIZE_ARGS[config.size][policy])
     if policy == "diffusion":
         meta = _metadata(root)
@@ -103,6 +103,7 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         f"--policy.type={policy}",
         f"--policy.device={device}",
         "--policy.push_to_hub=false",
+        "--policy.use_amp=true",  # autocast like dvla's training (bf16 on a CPU, fp16 on CUDA)
         *OFFLINE_ARGS[policy],
         *control_args(policy, chunk),
         *size_args,
