@@ -79,15 +79,17 @@ def targets(results: dict) -> list[dict]:
 
 def markdown(results: dict) -> str:
     run = results["run"]
-    lines = [
-        "# dvla benchmark",
-        "",
-        f"Command: `{run['command']}`  ",
-        f"Checkpoint: `{run['checkpoint']}`; tasks: {', '.join(run['tasks'])}; {run['episodes']} episodes "
-        f"per task and setting on seeds {run['seed_start']}-{run['seed_start'] + run['episodes'] - 1}; "
-        f"at most {run['max_steps']} steps; machine: {run['machine']}.  ",
-        "Success is pooled over tasks with its Wilson 95% interval.",
-    ]
+    lines = ["# dvla benchmark", "", f"Command: `{run['command']}`  "]
+    if any(section in results for section in ("decode", "heads", "peers")):  # rollouts ran
+        lines += [
+            f"Checkpoint: `{run['checkpoint']}`; tasks: {', '.join(run['tasks'])}; {run['episodes']} "
+            f"episodes per task and setting on seeds {run['seed_start']}-"
+            f"{run['seed_start'] + run['episodes'] - 1}; at most {run['max_steps']} steps.  ",
+            "Success is pooled over tasks with its Wilson 95% interval.  ",
+        ]
+    else:
+        lines.append(f"Checkpoint: `{run['checkpoint']}`.  ")
+    lines.append(f"Machine: {run['machine']}, torch {run['torch']}.")
     decode = results.get("decode")
     if decode:
         lines += [
