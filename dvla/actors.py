@@ -70,11 +70,9 @@ class DVLAActor:
         self.stats = PlanStats()
         self._queues: dict[int, deque] = {}
 
-    def start(self, slot: int, observation: dict) -> None:
+    def start(self, slot: int) -> None:
+        """A new episode begins in `slot`."""
         self._queues[slot] = deque()
-
-    def observe(self, slot: int, observation: dict) -> None:
-        """dvla acts on the current observation only; nothing to remember."""
 
     def act(self, slots: list[int], observations: dict[int, dict], texts: dict[int, str]) -> dict:
         planning = [slot for slot in slots if not self._queues[slot]]
@@ -121,13 +119,11 @@ class LeRobotActor:
         self._slots: dict[int, object] = {}
         self.trained_tasks = _lerobot_training_tasks(self.path)
 
-    def start(self, slot: int, observation: dict) -> None:
+    def start(self, slot: int) -> None:
+        """A new episode begins in `slot` (the policy's own `select_action` keeps its history)."""
         if slot not in self._slots:
             self._slots[slot] = copy.deepcopy(self.policy)
         self._slots[slot].reset()
-
-    def observe(self, slot: int, observation: dict) -> None:
-        """The policy's own `select_action` keeps its history."""
 
     def batch(self, observation: dict, text: str) -> dict:
         """One raw observation -> the policy's batch-1 input (LeRobot feature names)."""

@@ -155,7 +155,7 @@ def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, ima
                 resets[slot] = (task, seed)
             observations.update(pool.reset(resets))
             for slot in resets:
-                actor.start(slot, observations[slot])
+                actor.start(slot)
                 if active[slot].frames is not None:
                     active[slot].frames.append(
                         compose_frame(observations[slot]["images"], _caption(active[slot], False))
@@ -172,7 +172,6 @@ def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, ima
                 ep.steps += 1
                 ep.success = ep.success or bool(result.info["success"])
                 observations[slot] = result.observation
-                actor.observe(slot, result.observation)
                 over = ep.success or result.terminated or result.truncated
                 if ep.frames is not None:
                     ep.frames.append(compose_frame(result.observation["images"], _caption(ep, over)))
