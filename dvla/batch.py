@@ -18,12 +18,21 @@ class Observation:
     def batch_size(self) -> int:
         return self.text_ids.shape[0]
 
+    def to(self, device: torch.device) -> Observation:
+        state = None if self.state is None else self.state.to(device)
+        images = {c: img.to(device) for c, img in self.images.items()}
+        return Observation(images, self.text_ids.to(device), self.text_valid.to(device), state)
+
 
 @dataclass
 class ActionBatch:
     observation: Observation
     actions: torch.Tensor  # (B, H, D) normalised to [-1, 1]
     actions_is_pad: torch.Tensor  # (B, H) bool, True past the episode end
+
+    def to(self, device: torch.device) -> ActionBatch:
+        obs = self.observation.to(device)
+        return ActionBatch(obs, self.actions.to(device), self.actions_is_pad.to(device))
 
 
 @dataclass

@@ -56,10 +56,7 @@ def dvla_observation(model, device: torch.device):
     config = model.config
     cameras = [c for c in config.vision.cameras if c != "scene"]
     obs = fake_observation(1, cameras, config.vision.image_size, 12, model.text.vocab_size, config.state_dim)
-    obs.images = {c: img.to(device) for c, img in obs.images.items()}
-    obs.text_ids, obs.text_valid = obs.text_ids.to(device), obs.text_valid.to(device)
-    obs.state = obs.state.to(device)
-    return obs
+    return obs.to(device)
 
 
 def time_dvla(model, decode: DecodeConfig, use_cache: bool, repeats: int, n_action_steps: int) -> Timing:

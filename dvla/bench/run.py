@@ -23,13 +23,8 @@ from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
 from dvla.bench.report import markdown, plots, targets
 from dvla.metrics import wilson_interval
+from dvla.rollout import _device
 from dvla.rollout_config import RolloutConfig
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def _machine(device: torch.device) -> str:

@@ -13,7 +13,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dvla.batch import ActionBatch, Observation, fake_action_batch
+from dvla.batch import fake_action_batch
 from dvla.model import DiffusionVLA, TextSpecials
 from dvla.model_config import DiffusionVLAConfig
 from dvla.vision import VisionConfig
@@ -54,7 +54,7 @@ def training_throughput(batch_size: int, steps: int, device: torch.device) -> di
     config = model.config
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = fake_action_batch(batch_size, CAMERAS, 128, 12, 1000, 4, config.chunk_size, config.action_dim)
-    batch = _to(batch, device)
+    batch = batch.to(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step(counter=None):
@@ -82,17 +82,6 @@ def training_throughput(batch_size: int, steps: int, device: torch.device) -> di
         "samples_per_s": batch_size / seconds,
         "flops_per_s": flops / seconds,
     }
-
-
-def _to(batch: ActionBatch, device: torch.device) -> ActionBatch:
-    obs = batch.observation
-    obs = Observation(
-        {c: img.to(device) for c, img in obs.images.items()},
-        obs.text_ids.to(device),
-        obs.text_valid.to(device),
-        obs.state.to(device),
-    )
-    return ActionBatch(obs, batch.actions.to(device), batch.actions_is_pad.to(device))
 
 
 def measure(device: torch.device, batch_size: int = 32, steps: int = 10) -> dict:
