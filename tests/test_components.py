@@ -10,7 +10,11 @@ from dvla.vision import VisionConfig, VisionEncoder, random_shift
 
 @pytest.mark.parametrize(
     ("model_name", "kwargs", "tokens"),
-    [("resnet10t", {}, 4), ("vit_tiny_patch16_224", {"img_size": 64}, None)],
+    [
+        ("resnet10t", {}, 4),
+        ("resnet10t", {"output_stride": 16}, None),  # a 4 x 4 grid at 64 px instead of 2 x 2
+        ("vit_tiny_patch16_224", {"img_size": 64}, None),
+    ],
 )
 def test_vision_encoder_shapes(model_name, kwargs, tokens):
     config = VisionConfig(
@@ -23,7 +27,7 @@ def test_vision_encoder_shapes(model_name, kwargs, tokens):
     encoder = VisionEncoder(config, out_dim=24)
     images = {"front": torch.rand(2, 3, 96, 96), "wrist": torch.rand(2, 3, 64, 64)}  # resized as needed
     out = encoder(images, train=True)
-    k = tokens or 16  # a 64 px ViT/16 has 4 x 4 patches
+    k = tokens or 16  # a 64 px ViT/16 has 4 x 4 patches, a stride-16 CNN 4 x 4 cells
     assert out.shape == (2, 2 * k, 24) and torch.isfinite(out).all()
     front_only = encoder({"front": images["front"]})  # a subset (co-training batches) encodes alone
     assert front_only.shape == (2, k, 24)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 # timm keyword arguments dvla passes on; anything else is rejected rather than silently forwarded.
-ALLOWED_TIMM_KWARGS = frozenset({"img_size", "drop_path_rate", "drop_rate", "global_pool"})
+ALLOWED_TIMM_KWARGS = frozenset({"img_size", "drop_path_rate", "drop_rate", "global_pool", "output_stride"})
 
 
 @dataclass
@@ -30,7 +30,9 @@ class VisionConfig:
     cameras: list[str] = field(default_factory=lambda: ["corner2"])
     # Random-shift augmentation in training: pad by this fraction of the size, crop back (DrQ).
     shift_fraction: float = 0.06
-    # Extra keyword arguments for timm.create_model (only those in ALLOWED_TIMM_KWARGS).
+    # Extra keyword arguments for timm.create_model (only those in ALLOWED_TIMM_KWARGS), e.g.
+    # {output_stride: 16} for a CNN's 2x finer feature grid (8 x 8 at 128 px; set tokens_per_camera
+    # to 64 or null to keep the cells apart).
     timm_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
