@@ -36,7 +36,7 @@ class Episode:
     frames: list | None = None  # captioned video frames, when this episode is filmed
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -67,7 +67,7 @@ def make_actor(config: RolloutConfig):
     from dvla.checkpoint import checkpoint_info, resolve_checkpoint
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
-    device = _device(config.device)
+    device = resolve_device(config.device)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16)
         if config.mixed_precision == "bf16"

@@ -23,7 +23,7 @@ from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
 from dvla.bench.report import markdown, plots, targets
 from dvla.metrics import wilson_interval
-from dvla.rollout import _device
+from dvla.rollout import resolve_device
 from dvla.rollout_config import RolloutConfig
 
 
@@ -38,7 +38,7 @@ class Bench:
         from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
         from dvla.sim.tasks import resolve_tasks, task_description
 
-        self.config, self.device = config, _device(config.device)
+        self.config, self.device = config, resolve_device(config.device)
         self.out = Path(config.output_dir)
         self.checkpoint = resolve_checkpoint(config.checkpoint)
         self.model, self.tokenizer, _ = load_checkpoint(self.checkpoint, self.device)
