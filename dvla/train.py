@@ -161,7 +161,8 @@ def train(config: TrainConfig) -> TrainResult:
             saved = _save(output, done, accelerator.unwrap_model(model), ema, tokenizer, stats, opt, schedule,
                           config, info)  # fmt: skip
     _check_ranks_agree(accelerator, model)
-    accelerator.end_training()
+    del model, prepared, batches
+    _end_distributed(accelerator)
     return TrainResult(stop, losses.get(ROBOT, losses.get(VQA, float("nan"))), saved)
 
 
@@ -230,6 +231,23 @@ def _check_resume_config(config: TrainConfig, output: Path) -> None:
             f"--resume: the --model settings differ from the ones {output} was started with "
             f"({saved_file}); a resumed run keeps its model (drop the overrides or use another output_dir)"
         )
+
+
+def _end_distributed(accelerator) -> None:
+    """Stop trackers and tear the process group down without the exit hang of gloo.
+
+    Freeing a DDP model frees its process group while holding the GIL; a gloo worker thread that
+    still has to release a finished collective's tensors needs the GIL too, so the two wait on each
+    other forever (pytorch/pytorch#56297). The Python handle on the group releases the GIL in its
+    destructor, so it is kept until every DDP wrapper is gone and dropped last.
+    """
+    import gc
+
+    world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
+    accelerator.free_memory()  # drops the accelerator's references to the wrapped model
+    accelerator.end_training()
+    gc.collect()  # a DDP wrapper caught in a reference cycle is freed now, while `world` lives
+    del world
 
 
 def _check_ranks_agree(accelerator, model) -> None:

@@ -89,6 +89,8 @@ def test_learning_rate_schedule():
 def test_two_process_ddp_on_cpu_keeps_ranks_identical(tiny_dataset, tmp_path):
     """torchrun with 2 CPU processes (gloo): gradients are synchronised, so every rank ends with the
     same parameters (train() checks a checksum across ranks and fails otherwise)."""
+    import os
+    import signal
     import socket
     import subprocess
     import sys
@@ -119,9 +121,17 @@ def test_two_process_ddp_on_cpu_keeps_ranks_identical(tiny_dataset, tmp_path):
         "output_dir": tmp_path / "ddp",
     }
     cmd = launcher + [f"--{key}={value}" for key, value in options.items()]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "parameters identical across 2 processes" in run.stdout + run.stderr
+    # its own session, so that a hung rank is killed with the launcher instead of outliving the test
+    pipe = subprocess.PIPE
+    launch = subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, start_new_session=True)
+    try:
+        stdout, stderr = launch.communicate(timeout=300)  # ~15 s when healthy
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        stdout, stderr = launch.communicate()
+        pytest.fail(f"2-rank training did not finish in 300 s:\n{stderr[-3000:]}")
+    assert launch.returncode == 0, stderr[-3000:]
+    assert "parameters identical across 2 processes" in stdout + stderr
     assert [p.name for p in checkpoint_dirs(tmp_path / "ddp")] == ["step-00000003"]
 
 
