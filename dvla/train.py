@@ -241,12 +241,11 @@ def _end_distributed(accelerator) -> None:
     other forever (pytorch/pytorch#56297). The Python handle on the group releases the GIL in its
     destructor, so it is kept until every DDP wrapper is gone and dropped last.
     """
-    import gc
-
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
-    accelerator.free_memory()  # drops the accelerator's references to the wrapped model
+    # drops the accelerator's references to the wrapped model, then garbage-collects, so a DDP wrapper
+    # caught in a reference cycle is freed too while `world` still holds the group
+    accelerator.free_memory()
     accelerator.end_training()
-    gc.collect()  # a DDP wrapper caught in a reference cycle is freed now, while `world` lives
     del world
 
 
