@@ -21,6 +21,7 @@ import torch
 
 from dvla.metrics import wilson_interval
 from dvla.rollout_config import RolloutConfig
+from dvla.rollout_progress import PARTIAL_FILE, load_partial, rollout_protocol, save_partial
 
 HOLD_SECONDS = 0.75  # the last frame of a video is held this long
 
@@ -99,26 +100,50 @@ def rollout(config: RolloutConfig) -> dict:
     instructions = {task: task_description(task) for task in tasks}
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
+    image_size = config.image_size or image_size or 128
+    protocol = rollout_protocol(config, checkpoint, image_size)
+    partial = load_partial(output, protocol, config.resume)
+    earlier_wall = 0.0
+    if partial:
+        timing = partial.get("plan_timing", {})
+        for name in ("ms", "chunks", "forwards"):
+            getattr(actor.stats, name).extend(timing.get(name, []))
+        earlier_wall = partial.get("wall_seconds", 0.0)
     started = time.perf_counter()
     finished = run_episodes(
         actor,
         instructions,
         config,
-        image_size=config.image_size or image_size or 128,
+        image_size=image_size,
         fps=int(info.get("fps") or 80),
+        protocol=protocol,
+        kept=partial["episodes"] if partial else None,
+        earlier_wall=earlier_wall,
     )
     policy = getattr(actor, "type", "dvla")
-    wall = time.perf_counter() - started
+    wall = earlier_wall + time.perf_counter() - started
     report = _report(config, checkpoint, policy, finished, actor.stats.summary(), wall)
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(report, indent=2))
-    (output / "partial.json").unlink(missing_ok=True)
+    (output / PARTIAL_FILE).unlink(missing_ok=True)
     (output / "report.md").write_text(format_report(report, relative_to=output))
     return report
 
 
-def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, image_size: int, fps: int):
-    """Run `config.episodes` episodes of every task with `actor`; {task: [episode results]}."""
+def run_episodes(
+    actor,
+    instructions: dict[str, str],
+    config: RolloutConfig,
+    image_size: int,
+    fps: int,
+    protocol: dict,
+    kept: dict[str, list[dict]] | None = None,
+    earlier_wall: float = 0.0,
+):
+    """Run `config.episodes` episodes of every task with `actor`; {task: [episode results]}.
+
+    Episodes in `kept` (a resumed rollout's, {task: [results]}) are kept and not run again.
+    """
     from tqdm import tqdm
 
     from dvla.sim.env_pool import EnvPool
@@ -133,13 +158,20 @@ def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, ima
     )
     output = Path(config.output_dir)
     video_dir = Path(config.video_dir) if config.video_dir else output / "videos"
+    seeds = [config.seed_start + i for i in range(config.episodes)]
+    finished: dict[str, list[dict]] = {
+        task: [e for e in (kept or {}).get(task, []) if e["seed"] in seeds] for task in tasks
+    }
+    ran = {(task, e["seed"]) for task, episodes in finished.items() for e in episodes}
     jobs = deque(
-        (task, i, config.seed_start + i) for task in tasks for i in range(config.episodes)
+        (task, i, seed) for task in tasks for i, seed in enumerate(seeds) if (task, seed) not in ran
     )  # task-major, so a worker rebuilds its environment rarely
-    finished: dict[str, list[dict]] = {task: [] for task in tasks}
+    if not jobs:
+        return finished
+    started = time.perf_counter()
     with (
         EnvPool(min(config.workers, len(jobs)), env_config) as pool,
-        tqdm(total=len(jobs), desc="rollout", unit="episode") as bar,
+        tqdm(total=len(jobs) + len(ran), initial=len(ran), desc="rollout", unit="episode") as bar,
     ):
         active: dict[int, Episode] = {}
         observations: dict[int, dict] = {}
@@ -188,22 +220,14 @@ def run_episodes(actor, instructions: dict[str, str], config: RolloutConfig, ima
                     {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
                 )
                 bar.update(1)
-                _write_partial(output, finished, jobs, active)
+                wall = earlier_wall + time.perf_counter() - started
+                save_partial(output, protocol, finished, len(jobs) + len(active), actor.stats, wall)
                 total = sum(len(v) for v in finished.values())
                 bar.set_postfix(
                     success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
                 )
             start(done)
     return finished
-
-
-def _write_partial(output: Path, finished: dict, jobs, active) -> None:
-    """Episodes finished so far, rewritten after each one: an interrupted rollout keeps its results."""
-    output.mkdir(parents=True, exist_ok=True)
-    partial = {"complete": False, "pending_episodes": len(jobs) + len(active) - 1, "episodes": finished}
-    tmp = output / ".partial.json.tmp"
-    tmp.write_text(json.dumps(partial))
-    tmp.rename(output / "partial.json")
 
 
 def _report(config, checkpoint, policy: str, finished, timing: dict, wall_s: float) -> dict:

@@ -15,6 +15,7 @@ class RolloutConfig:
     Examples:
       dvla rollout --checkpoint outputs/train/mt10/checkpoints/step-00004000 --suite mt10 --episodes 20
       dvla rollout --checkpoint CKPT --tasks reach-v3 --episodes 5 --decode.steps 2 --n_action_steps 4
+      dvla rollout --checkpoint CKPT --suite mt10 --output_dir outputs/rollout/run1 --resume  # after a stop
     """
 
     # A checkpoint folder written by `dvla train` (…/checkpoints/step-N).
@@ -40,6 +41,9 @@ class RolloutConfig:
     # Videos of the first N episodes of each task (0 = none); --video_dir overrides where they go.
     videos_per_task: int = 2
     video_dir: str | None = None
+    # Continue an interrupted rollout in output_dir (its partial.json): finished episodes are kept and
+    # only the rest run. The checkpoint and the decoding settings must be the same.
+    resume: bool = False
     # Run tasks whose instruction the checkpoint never saw in training (zero-shot language).
     allow_unseen_tasks: bool = False
     # "bf16" autocast for the policy (fast on CPUs with AMX and on GPUs) or "no" (fp32).

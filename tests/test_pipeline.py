@@ -92,6 +92,53 @@ def test_rollout_writes_a_report_and_videos(cotrained, tmp_path):
     assert "reach-v3" in (out / "report.md").read_text()
 
 
+def test_interrupted_rollout_resumes_without_rerunning_finished_episodes(
+    cotrained, tmp_path, monkeypatch, capsys
+):
+    from dvla.sim.env_pool import EnvPool
+
+    out = tmp_path / "rollout"
+    args = ["rollout", "--checkpoint", str(cotrained), "--tasks", "reach-v3", "--episodes", "3"]
+    args += ["--max_steps", "4", "--workers", "1", "--videos_per_task", "0", "--n_action_steps", "2"]
+    args += ["--decode.steps", "2", "--image_size", "32", "--output_dir", str(out)]
+    real_step = EnvPool.step
+
+    def step_until_one_episode_is_saved(self, actions):
+        if (out / "partial.json").exists():
+            raise KeyboardInterrupt  # as if the user pressed Ctrl-C
+        return real_step(self, actions)
+
+    monkeypatch.setattr(EnvPool, "step", step_until_one_episode_is_saved)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    monkeypatch.setattr(EnvPool, "step", real_step)
+    saved = json.loads((out / "partial.json").read_text())
+    assert [e["seed"] for e in saved["episodes"]["reach-v3"]] == [1000]
+    assert not (out / "report.json").exists()
+
+    capsys.readouterr()
+    assert main(args) == 1  # without --resume the partial rollout is not overwritten
+    assert "pass --resume" in capsys.readouterr().err
+    assert main([*args, "--resume", "--decode.steps", "4"]) == 1
+    assert "settings differ (decode" in capsys.readouterr().err
+
+    real_reset, seeds_run = EnvPool.reset, []
+
+    def reset_and_record(self, episodes):
+        seeds_run.extend(seed for _, seed in episodes.values())
+        return real_reset(self, episodes)
+
+    monkeypatch.setattr(EnvPool, "reset", reset_and_record)
+    assert main([*args, "--resume"]) == 0
+    assert seeds_run == [1001, 1002]  # only the missing episodes ran
+    report = json.loads((out / "report.json").read_text())
+    task = report["per_task"]["reach-v3"]
+    assert task["episodes"] == 3 and task["seeds"] == [1000, 1001, 1002]
+    first = saved["episodes"]["reach-v3"][0]
+    assert (1000 in task["successful_seeds"]) == first["success"]
+    assert not (out / "partial.json").exists()
+
+
 def test_rollout_errors_are_clear(cotrained, tmp_path, capsys):
     assert main(["rollout", "--checkpoint", str(tmp_path / "nothing"), "--tasks", "reach-v3"]) == 1
     assert "not a dvla checkpoint" in capsys.readouterr().err

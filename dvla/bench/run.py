@@ -87,6 +87,7 @@ class Bench:
             output_dir=str(self.out / "rollouts" / name),
             videos_per_task=0,
             device=c.device,
+            resume=True,  # an interrupted bench continues its rollouts instead of starting them over
         )
         saved = Path(config.output_dir) / "report.json"
         if saved.exists():
