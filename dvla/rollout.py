@@ -21,7 +21,7 @@ import torch
 
 from dvla.metrics import wilson_interval
 from dvla.rollout_config import RolloutConfig
-from dvla.rollout_progress import PARTIAL_FILE, load_partial, rollout_protocol, save_partial
+from dvla.rollout_progress import PARTIAL_FILE, load_partial, restore_timing, rollout_protocol, save_partial
 
 HOLD_SECONDS = 0.75  # the last frame of a video is held this long
 
@@ -101,14 +101,10 @@ def rollout(config: RolloutConfig) -> dict:
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
     image_size = config.image_size or image_size or 128
-    protocol = rollout_protocol(config, checkpoint, image_size)
-    partial = load_partial(output, protocol, config.resume)
-    earlier_wall = 0.0
-    if partial:
-        timing = partial.get("plan_timing", {})
-        for name in ("ms", "chunks", "forwards"):
-            getattr(actor.stats, name).extend(timing.get(name, []))
-        earlier_wall = partial.get("wall_seconds", 0.0)
+    protocol = rollout_protocol(config, checkpoint, image_size, resolve_device(config.device).type)
+    wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
+    partial = load_partial(output, protocol, config.resume, wanted)
+    earlier_wall = restore_timing(partial, actor.stats) if partial else 0.0
     started = time.perf_counter()
     finished = run_episodes(
         actor,
@@ -159,9 +155,7 @@ def run_episodes(
     output = Path(config.output_dir)
     video_dir = Path(config.video_dir) if config.video_dir else output / "videos"
     seeds = [config.seed_start + i for i in range(config.episodes)]
-    finished: dict[str, list[dict]] = {
-        task: [e for e in (kept or {}).get(task, []) if e["seed"] in seeds] for task in tasks
-    }
+    finished: dict[str, list[dict]] = {task: list((kept or {}).get(task, [])) for task in tasks}
     ran = {(task, e["seed"]) for task, episodes in finished.items() for e in episodes}
     jobs = deque(
         (task, i, seed) for task in tasks for i, seed in enumerate(seeds) if (task, seed) not in ran

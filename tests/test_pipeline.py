@@ -114,6 +114,7 @@ def test_interrupted_rollout_resumes_without_rerunning_finished_episodes(
     monkeypatch.setattr(EnvPool, "step", real_step)
     saved = json.loads((out / "partial.json").read_text())
     assert [e["seed"] for e in saved["episodes"]["reach-v3"]] == [1000]
+    assert saved["pending_episodes"] == 2
     assert not (out / "report.json").exists()
 
     capsys.readouterr()
@@ -121,6 +122,9 @@ def test_interrupted_rollout_resumes_without_rerunning_finished_episodes(
     assert "pass --resume" in capsys.readouterr().err
     assert main([*args, "--resume", "--decode.steps", "4"]) == 1
     assert "settings differ (decode" in capsys.readouterr().err
+    other_task = [a if a != "reach-v3" else "door-open-v3" for a in args]
+    assert main([*other_task, "--resume"]) == 1  # would drop the saved reach-v3 episode
+    assert "does not ask for" in capsys.readouterr().err
 
     real_reset, seeds_run = EnvPool.reset, []
 

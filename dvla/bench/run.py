@@ -92,7 +92,7 @@ class Bench:
         saved = Path(config.output_dir) / "report.json"
         if saved.exists():
             report = json.loads(saved.read_text())
-            if report["config"] == draccus.encode(config):
+            if _settings(report["config"]) == _settings(draccus.encode(config)):
                 print(f"bench: reusing {saved}")
                 return report
         print(f"bench: rolling out {name} on {len(tasks)} task(s) x {c.episodes} episodes")
@@ -280,3 +280,8 @@ def run(config: BenchConfig) -> dict:
     print(report.read_text())
     print(f"saved {report}, {bench.out / 'bench.json'} and plots")
     return bench.results
+
+
+def _settings(encoded: dict) -> dict:
+    """A rollout's settings without `resume`, which does not change its result."""
+    return {key: value for key, value in encoded.items() if key != "resume"}
