@@ -106,15 +106,19 @@ def rollout(config: RolloutConfig) -> dict:
     partial = load_partial(output, protocol, config.resume, wanted)
     earlier_wall = restore_timing(partial, actor.stats) if partial else 0.0
     started = time.perf_counter()
+
+    def save_progress(finished: dict, pending: int) -> None:
+        wall = earlier_wall + time.perf_counter() - started
+        save_partial(output, protocol, finished, pending, actor.stats, wall)
+
     finished = run_episodes(
         actor,
         instructions,
         config,
         image_size=image_size,
         fps=int(info.get("fps") or 80),
-        protocol=protocol,
         kept=partial["episodes"] if partial else None,
-        earlier_wall=earlier_wall,
+        on_episode=save_progress,
     )
     policy = getattr(actor, "type", "dvla")
     wall = earlier_wall + time.perf_counter() - started
@@ -132,13 +136,13 @@ def run_episodes(
     config: RolloutConfig,
     image_size: int,
     fps: int,
-    protocol: dict,
     kept: dict[str, list[dict]] | None = None,
-    earlier_wall: float = 0.0,
+    on_episode=None,
 ):
     """Run `config.episodes` episodes of every task with `actor`; {task: [episode results]}.
 
-    Episodes in `kept` (a resumed rollout's, {task: [results]}) are kept and not run again.
+    Episodes in `kept` (a resumed rollout's, {task: [results]}) are kept and not run again;
+    `on_episode(finished, pending)` is called after each episode ends.
     """
     from tqdm import tqdm
 
@@ -152,8 +156,7 @@ def run_episodes(
     env_config = MetaWorldEnvConfig(
         task=tasks[0], cameras=list(actor.cameras), image_size=image_size, max_episode_steps=config.max_steps
     )
-    output = Path(config.output_dir)
-    video_dir = Path(config.video_dir) if config.video_dir else output / "videos"
+    video_dir = Path(config.video_dir) if config.video_dir else Path(config.output_dir) / "videos"
     seeds = [config.seed_start + i for i in range(config.episodes)]
     finished: dict[str, list[dict]] = {task: list((kept or {}).get(task, [])) for task in tasks}
     ran = {(task, e["seed"]) for task, episodes in finished.items() for e in episodes}
@@ -162,7 +165,6 @@ def run_episodes(
     )  # task-major, so a worker rebuilds its environment rarely
     if not jobs:
         return finished
-    started = time.perf_counter()
     with (
         EnvPool(min(config.workers, len(jobs)), env_config) as pool,
         tqdm(total=len(jobs) + len(ran), initial=len(ran), desc="rollout", unit="episode") as bar,
@@ -214,8 +216,8 @@ def run_episodes(
                     {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
                 )
                 bar.update(1)
-                wall = earlier_wall + time.perf_counter() - started
-                save_partial(output, protocol, finished, len(jobs) + len(active), actor.stats, wall)
+                if on_episode:
+                    on_episode(finished, len(jobs) + len(active))
                 total = sum(len(v) for v in finished.values())
                 bar.set_postfix(
                     success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
