@@ -43,6 +43,25 @@ def test_cameras_are_told_apart():
     assert not torch.allclose(out[:, :2], out[:, 2:])  # identical pictures, different camera embeddings
 
 
+def test_cameras_read_in_one_batch_match_each_camera_alone():
+    """All cameras go through the CNN as one batch; in eval mode a camera's tokens must not depend on
+    which other cameras came with it (co-training batches carry a subset)."""
+    torch.manual_seed(0)
+    encoder = VisionEncoder(VisionConfig(image_size=32, tokens_per_camera=4, cameras=["a", "b", "c"]), 16)
+    encoder.train()
+    encoder({c: torch.rand(4, 3, 32, 32) for c in "abc"}, train=True)  # moves the batch-norm statistics
+    encoder.eval()
+    images = {c: torch.rand(2, 3, 32, 32) for c in "abc"}
+    together = encoder(images)  # (B, 3 * K, d)
+    assert together.shape == (2, 12, 16)
+    for i, camera in enumerate("abc"):
+        alone = encoder({camera: images[camera]})  # (B, K, d)
+        torch.testing.assert_close(together[:, 4 * i : 4 * (i + 1)], alone, atol=1e-5, rtol=1e-5)
+    a_and_c = encoder({"c": images["c"], "a": images["a"]})  # the configured order, not the dict's
+    expected = torch.cat([together[:, :4], together[:, 8:]], dim=1)
+    torch.testing.assert_close(a_and_c, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_a_square_feature_grid_is_pooled_in_blocks():
     encoder = VisionEncoder(VisionConfig(image_size=32, tokens_per_camera=4, cameras=["a"]), 8)
     grid = torch.arange(16.0).reshape(4, 4)  # one channel, cells numbered in row order
