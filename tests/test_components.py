@@ -60,6 +60,8 @@ def test_cameras_read_in_one_batch_match_each_camera_alone():
     a_and_c = encoder({"c": images["c"], "a": images["a"]})  # the configured order, not the dict's
     expected = torch.cat([together[:, :4], together[:, 8:]], dim=1)
     torch.testing.assert_close(a_and_c, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="same batch size"):
+        encoder({"a": images["a"][:1], "b": images["b"][:1].repeat(3, 1, 1, 1)})
 
 
 def test_a_square_feature_grid_is_pooled_in_blocks():

@@ -124,6 +124,9 @@ class VisionEncoder(nn.Module):
         if unknown or not images:
             raise ValueError(f"camera(s) {unknown or 'none'} given; the encoder knows {self.config.cameras}")
         present = [(i, c) for i, c in enumerate(self.config.cameras) if c in images]
+        sizes = {c: images[c].shape[0] for _, c in present}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"every camera needs the same batch size, got {sizes}")
         pixels = torch.cat([self.preprocess(images[c], train) for _, c in present])  # (n*B, 3, S, S)
         features = self._pooled(self._features(pixels.contiguous(memory_format=torch.channels_last)))
         tokens = []
