@@ -51,9 +51,14 @@ def test_cameras_read_in_one_batch_match_each_camera_alone():
     encoder.train()
     encoder({c: torch.rand(4, 3, 32, 32) for c in "abc"}, train=True)  # moves the batch-norm statistics
     encoder.eval()
+    convolutions = [p for p in encoder.backbone.parameters() if p.dim() == 4]
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convolutions)
     images = {c: torch.rand(2, 3, 32, 32) for c in "abc"}
+    calls = []
+    forward_features = encoder.backbone.forward_features
+    encoder.backbone.forward_features = lambda x: calls.append(x.shape[0]) or forward_features(x)
     together = encoder(images)  # (B, 3 * K, d)
-    assert together.shape == (2, 12, 16)
+    assert calls == [6] and together.shape == (2, 12, 16)  # one CNN call for 3 cameras x 2 samples
     for i, camera in enumerate("abc"):
         alone = encoder({camera: images[camera]})  # (B, K, d)
         torch.testing.assert_close(together[:, 4 * i : 4 * (i + 1)], alone, atol=1e-5, rtol=1e-5)
