@@ -7,7 +7,7 @@ import pytest
 from test_train import tiny_train_config
 
 from dvla.bench.config import BenchConfig, PeerConfig
-from dvla.bench.peers import DONE_FILE, task_episodes, train_peer
+from dvla.bench.peers import DONE_FILE, task_episodes, train_args, train_peer
 from dvla.bench.report import targets
 from dvla.cli import main
 from dvla.sim.tasks import task_description
@@ -100,6 +100,17 @@ def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dat
     config = PeerConfig(policies=["act"], dataset_root=str(root), steps=3, batch_size=4, size="tiny")
     with pytest.raises(FileExistsError, match="steps=2"):
         train_peer("act", "reach-v3", [0], config, folder, 4, "cpu")
+    config.steps, config.extra_args = 2, ["--policy.optimizer_lr=1e-4"]
+    with pytest.raises(FileExistsError, match="extra_args=\\[\\]"):
+        train_peer("act", "reach-v3", [0], config, folder, 4, "cpu")
+
+
+def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
+    root, _ = tiny_dataset
+    for steps, warmup in ((300, 30), (20_000, 500)):  # a tenth of the budget, at most LeRobot's 500
+        config = PeerConfig(dataset_root=str(root), steps=steps)
+        args = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+        assert f"--policy.scheduler_warmup_steps={warmup}" in args
 
 
 def test_peer_is_refused_on_a_task_it_was_not_trained_on(bench_run, tmp_path, capsys):

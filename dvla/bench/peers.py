@@ -38,6 +38,7 @@ OFFLINE_ARGS = {  # ResNet-18 from scratch: no ImageNet download
     "act": ["--policy.pretrained_backbone_weights=null"],
     "diffusion": ["--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true"],
 }
+DIFFUSION_WARMUP = 500  # LeRobot's default warmup of Diffusion Policy's cosine schedule
 CROP = 0.9  # Diffusion Policy's random-crop augmentation keeps this fraction of the image side
 SIZE_ARGS = {
     "default": {"act": [], "diffusion": []},
@@ -95,6 +96,9 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         meta = _metadata(root)
         side = min(meta.features[key]["shape"][0] for key in meta.camera_keys)  # (H, W, 3)
         size_args.append(f"--policy.crop_shape=[{int(side * CROP)},{int(side * CROP)}]")
+        # LeRobot's 500 warmup steps would fill a short budget: keep them to at most a tenth of it
+        warmup = min(DIFFUSION_WARMUP, max(1, config.steps // 10))
+        size_args.append(f"--policy.scheduler_warmup_steps={warmup}")
     return [
         _lerobot_train(),
         f"--dataset.repo_id=local/{root.name}",
@@ -126,6 +130,12 @@ def _lerobot_train() -> str:
     return str(script) if script.exists() else "lerobot-train"
 
 
+def _settings(config: PeerConfig) -> dict:
+    """What makes two trained peers of one policy and task differ."""
+    return {"steps": config.steps, "batch_size": config.batch_size, "size": config.size,
+            "extra_args": list(config.extra_args)}  # fmt: skip
+
+
 def trained_step(out: Path) -> int:
     """The step of the last checkpoint a `lerobot-train` run wrote (0 = none)."""
     step_file = out / "checkpoints" / "last" / "training_state" / "training_step.json"
@@ -138,11 +148,14 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
     done = out / DONE_FILE
     if done.exists():
         record = json.loads(done.read_text())
-        if record["steps"] == config.steps and record["size"] == config.size:
+        wanted = _settings(config)
+        had = {key: record.get(key, [] if key == "extra_args" else None) for key in wanted}
+        if had == wanted:
             return record
+        differ = sorted(key for key in wanted if had[key] != wanted[key])
         raise FileExistsError(
-            f"{out} holds a peer trained with steps={record['steps']}, size={record['size']}; "
-            f"move it away or use another --output_dir to train with steps={config.steps}, size={config.size}"
+            f"{out} holds a peer trained with {', '.join(f'{k}={had[k]}' for k in differ)}; move it away "
+            f"or use another --output_dir to train with {', '.join(f'{k}={wanted[k]}' for k in differ)}"
         )
     args = train_args(policy, task, episodes, config, out, chunk, device)
     step = trained_step(out)
@@ -169,6 +182,7 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         "steps": config.steps,
         "batch_size": config.batch_size,
         "size": config.size,
+        "extra_args": list(config.extra_args),
         "episodes": len(episodes),
         "seconds": seconds,  # of this run only when it resumed
         "resumed_from_step": step,
