@@ -147,9 +147,9 @@ def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float
     return {
         "decode": {
             "rows": [
-                {**row, "steps": 2, "success": best_few - 0.1},
-                {**row, "steps": 4, "success": best_few},
-                {**row, "steps": 16, "success": 0.9},
+                {**row, "steps": 2, "label": "2", "success": best_few - 0.1},
+                {**row, "steps": 4, "label": "4", "success": best_few},
+                {**row, "steps": 16, "label": "16", "success": 0.9},
             ]
         },
         "latency": {
@@ -177,5 +177,8 @@ def test_target_verdicts():
     assert reached["latency per chunk <= 1.5x act's"] is True  # 10 / 8 = 1.25
     assert reached["latency per chunk <= 0.33x diffusion's"] is True  # 10 / 40
     assert reached["training at >= 30% of the measured bf16 matmul rate"] is True
-    missed = {v["target"]: v["reached"] for v in targets(_results(0.85, 70.0, 0.6, 0.2))}
+    missed_verdicts = targets(_results(0.85, 70.0, 0.6, 0.2))
+    missed = {v["target"]: v["reached"] for v in missed_verdicts}
+    assert "best overall 90% (16 steps)" in missed_verdicts[0]["value"]
+    assert "not resolved" in missed_verdicts[0]["value"]  # both intervals are [0, 1]
     assert not any(missed[k] for k in missed if "diffusion" not in k and "act's" not in k)

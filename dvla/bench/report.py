@@ -20,14 +20,18 @@ def targets(results: dict) -> list[dict]:
     sweep = results.get("decode", {}).get("rows", [])
     latency = {row["name"]: row for row in results.get("latency", {}).get("rows", [])}
     if sweep:
-        best = max(r["success"] for r in sweep)
+        best = max(sweep, key=lambda r: r["success"])
         few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
-        best_few = max((r["success"] for r in few), default=None)
+        best_few = max(few, key=lambda r: r["success"], default=None)
+        value = f"best at <= 4 steps {_pct(best_few['success'] if best_few else 0)}, best overall " \
+                f"{_pct(best['success'])} ({best['label']} steps)"  # fmt: skip
+        if best_few and best_few is not best and best_few["wilson95"][1] >= best["wilson95"][0]:
+            value += "; the two 95% intervals overlap, so the gap is not resolved at this episode count"
         out.append(
             {
                 "target": "<= 4 denoising forwards per chunk within 2 points of the best success",
-                "value": f"best at <= 4 steps {_pct(best_few or 0)}, best overall {_pct(best)}",
-                "reached": None if best_few is None else best_few >= best - 0.02,
+                "value": value,
+                "reached": None if best_few is None else best_few["success"] >= best["success"] - 0.02,
             }
         )
     four, ar = latency.get("dvla discrete, 4 steps"), latency.get("dvla discrete, autoregressive")
@@ -96,12 +100,15 @@ def markdown(results: dict) -> str:
             "",
             "## Decoding sweep (same model, same seeds)",
             "",
-            "| decoding | denoising forwards | + prefix pass | ms / chunk (batch 1) | success | 95% CI |",
-            "| --- | ---: | ---: | ---: | ---: | ---: |",
+            "| decoding | denoising forwards | + prefix pass | ms / chunk (batch 1) | success | 95% CI | "
+            + " | ".join(run["tasks"])
+            + " |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(run["tasks"]),
         ]
         for r in decode["rows"]:
             ms = f"{r['ms_batch1']:.1f}" if r.get("ms_batch1") is not None else "-"
-            success = f"{_pct(r['success'])} | {_ci(r)}"
+            per_task = " | ".join(_pct(r["per_task"][t]) for t in run["tasks"])
+            success = f"{_pct(r['success'])} | {_ci(r)} | {per_task}"
             lines.append(f"| {r['name']} | {r['steps']} | {r['forwards']:.0f} | {ms} | {success} |")
     heads = results.get("heads")
     if heads:
