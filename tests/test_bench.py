@@ -45,12 +45,12 @@ def test_quick_bench_measures_every_section(bench_run):
     tokens = 4 * 4  # chunk 4 x action dim 4
     rows = {r["name"]: r for r in results["decode"]["rows"]}
     assert set(rows) == {
-        "dvla discrete, 1 steps",
+        "dvla discrete, 1 step",
         "dvla discrete, 4 steps",
         f"dvla discrete, {tokens} steps",
         "dvla discrete, autoregressive",
     }
-    assert rows["dvla discrete, 1 steps"]["forwards"] == 2  # one denoising step + the prefix pass
+    assert rows["dvla discrete, 1 step"]["forwards"] == 2  # one denoising step + the prefix pass
     assert rows["dvla discrete, 4 steps"]["forwards"] == 5
     assert rows["dvla discrete, autoregressive"]["forwards"] == tokens + 1
     for row in rows.values():

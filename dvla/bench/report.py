@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def _setting(label: str) -> str:
+    """A decode setting's plot label ("1", "4", "AR") in words."""
+    return "autoregressive" if label == "AR" else f"{label} step{'' if label == '1' else 's'}"
+
+
+def _wrap(command: str) -> str:
+    """A long command on several lines, to fit under a plot."""
+    return "\n".join(textwrap.wrap(command, 150, break_on_hyphens=False))
 
 
 def _ci(row: dict) -> str:
@@ -24,7 +35,7 @@ def targets(results: dict) -> list[dict]:
         few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
         best_few = max(few, key=lambda r: r["success"], default=None)
         value = f"best at <= 4 steps {_pct(best_few['success'] if best_few else 0)}, best overall " \
-                f"{_pct(best['success'])} ({best['label']} steps)"  # fmt: skip
+                f"{_pct(best['success'])} ({_setting(best['label'])})"  # fmt: skip
         if best_few and best_few is not best and best_few["wilson95"][1] >= best["wilson95"][0]:
             value += "; the two 95% intervals overlap, so the gap is not resolved at this episode count"
         out.append(
@@ -181,10 +192,11 @@ def plots(results: dict, out: Path) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     run = results["run"]
     footer = (
-        f"{run['command']}\n{len(run['tasks'])} task(s), {run['episodes']} episodes each, seeds from "
+        f"{_wrap(run['command'])}\n{len(run['tasks'])} task(s), {run['episodes']} episodes each, seeds from "
         f"{run['seed_start']}; bars: Wilson 95% interval"
     )
     paths = []
@@ -218,6 +230,9 @@ def plots(results: dict, out: Path) -> list[str]:
                 xy = (r[x_key], 100 * r["success"])
                 ax.annotate(r["label"], xy, textcoords="offset points", xytext=(4, 4))
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(sorted({r[x_key] for r in points})))  # a tick per setting
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(x_label)
         ax.set_ylabel("success rate (%)")
         ax.set_ylim(-5, 105)
@@ -237,7 +252,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_xlabel("ms per chunk at batch 1 (bf16 autocast)")
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-        fig.text(0.01, 0.01, run["command"], fontsize=6, va="bottom")
+        fig.text(0.01, 0.01, _wrap(run["command"]), fontsize=6, va="bottom")
         fig.tight_layout(rect=(0, 0.05, 1, 1))
         path = out / "latency.png"
         fig.savefig(path, dpi=120)

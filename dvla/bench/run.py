@@ -113,7 +113,7 @@ class Bench:
         """(name, plot label, decode config); steps None = autoregressive."""
         if steps is None:
             return "dvla discrete, autoregressive", "AR", DecodeConfig(autoregressive=True)
-        return f"dvla discrete, {steps} steps", str(steps), DecodeConfig(steps=steps)
+        return f"dvla discrete, {steps} step{'s' if steps > 1 else ''}", str(steps), DecodeConfig(steps=steps)
 
     def time_decode(self, decode: DecodeConfig, use_cache: bool = True, model=None) -> lat.Timing:
         return lat.time_dvla(
