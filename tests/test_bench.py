@@ -76,6 +76,10 @@ def test_quick_bench_measures_every_section(bench_run):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     md = (out / "bench.md").read_text()
     assert "## Targets" in md and "reach-v3" in md and "| act | reach-v3 |" in md
+    section = md.split("## Decoding sweep")[1].split("\n## ")[0]
+    sweep = [line for line in section.splitlines() if line.startswith("| dvla discrete, ")]
+    assert len(sweep) == 4
+    assert "| 95% CI | reach-v3 |" in md and all(line.count("|") == 8 for line in sweep)  # 6 columns + 1 task
 
 
 def test_bench_reuses_finished_work(bench_run, capsys):
@@ -93,16 +97,33 @@ def test_bench_reuses_finished_work(bench_run, capsys):
     assert peer_record.read_text() == before  # not retrained
 
 
-def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dataset):
+def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dataset, tmp_path):
     root, _ = tiny_dataset
     _, out = bench_run
     folder = out / "peers" / "act" / "reach-v3"
+    episodes = [0, 1]  # the tiny dataset's reach-v3 episodes, as the bench found them
     config = PeerConfig(policies=["act"], dataset_root=str(root), steps=3, batch_size=4, size="tiny")
-    with pytest.raises(FileExistsError, match="steps=2"):
-        train_peer("act", "reach-v3", [0], config, folder, 4, "cpu")
+    with pytest.raises(FileExistsError, match="with --steps=2; .* with --steps=3$"):
+        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu")
     config.steps, config.extra_args = 2, ["--policy.optimizer_lr=1e-4"]
-    with pytest.raises(FileExistsError, match="extra_args=\\[\\]"):
-        train_peer("act", "reach-v3", [0], config, folder, 4, "cpu")
+    with pytest.raises(FileExistsError, match="to train with --policy.optimizer_lr=1e-4"):
+        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu")
+    config.extra_args = []
+    with pytest.raises(FileExistsError, match="--policy.chunk_size=4 .*--policy.chunk_size=8"):
+        train_peer("act", "reach-v3", episodes, config, folder, 8, "cpu")  # another checkpoint's chunk
+    # a record from before the arguments were kept, and a half-trained run started with other ones
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    record = json.loads((folder / DONE_FILE).read_text())
+    (legacy / DONE_FILE).write_text(json.dumps({k: v for k, v in record.items() if k != "args"}))
+    with pytest.raises(FileExistsError, match="older dvla"):
+        train_peer("act", "reach-v3", episodes, config, legacy, 4, "cpu")
+    partial = tmp_path / "partial"
+    (partial / "checkpoints" / "last" / "training_state").mkdir(parents=True)
+    (partial / "checkpoints" / "last" / "training_state" / "training_step.json").write_text('{"step": 1}')
+    (tmp_path / "partial.args.json").write_text(json.dumps(["lerobot-train", "--steps=9"]))
+    with pytest.raises(FileExistsError, match="partly trained with --steps=9"):
+        train_peer("act", "reach-v3", episodes, config, partial, 4, "cpu")
 
 
 def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
@@ -111,6 +132,9 @@ def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
         config = PeerConfig(dataset_root=str(root), steps=steps)
         args = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
         assert f"--policy.scheduler_warmup_steps={warmup}" in args
+    config.extra_args = ["--policy.scheduler_warmup_steps=7"]  # the user's flag comes last: it wins
+    args = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+    assert args.index("--policy.scheduler_warmup_steps=500") < args.index("--policy.scheduler_warmup_steps=7")
 
 
 def test_peer_is_refused_on_a_task_it_was_not_trained_on(bench_run, tmp_path, capsys):
@@ -181,4 +205,11 @@ def test_target_verdicts():
     missed = {v["target"]: v["reached"] for v in missed_verdicts}
     assert "best overall 90% (16 steps)" in missed_verdicts[0]["value"]
     assert "not resolved" in missed_verdicts[0]["value"]  # both intervals are [0, 1]
+    apart = _results(0.5, 70.0, 0.6, 0.2)
+    for row in apart["decode"]["rows"]:
+        row["wilson95"] = [row["success"] - 0.05, row["success"] + 0.05]
+    assert "not resolved" not in targets(apart)[0]["value"]  # 50% +- 5 and 90% +- 5 do not overlap
+    few_best = targets(_results(0.95, 70.0, 0.6, 0.2))[0]  # 4 steps beat 16
+    assert few_best["reached"] and "(4 steps)" in few_best["value"]
+    assert "not resolved" not in few_best["value"]
     assert not any(missed[k] for k in missed if "diffusion" not in k and "act's" not in k)

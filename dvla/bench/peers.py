@@ -130,10 +130,21 @@ def _lerobot_train() -> str:
     return str(script) if script.exists() else "lerobot-train"
 
 
-def _settings(config: PeerConfig) -> dict:
-    """What makes two trained peers of one policy and task differ."""
-    return {"steps": config.steps, "batch_size": config.batch_size, "size": config.size,
-            "extra_args": list(config.extra_args)}  # fmt: skip
+def _require_same_args(out: Path, state: str, before: list[str] | None, now: list[str]) -> None:
+    """Refuse to reuse or resume a peer whose `lerobot-train` arguments differ from this run's."""
+    if before is None:
+        raise FileExistsError(
+            f"{out} holds a peer {state} by an older dvla that did not record its lerobot-train "
+            "arguments; move it away or use another --output_dir"
+        )
+    if before[1:] == now[1:]:  # the script path may differ between environments
+        return
+    had = " ".join(a for a in before[1:] if a not in now) or "the same arguments in another order"
+    wanted = " ".join(a for a in now[1:] if a not in before)
+    raise FileExistsError(
+        f"{out} holds a peer {state} with {had}; move it away or use another --output_dir to train "
+        f"with {wanted}"
+    )
 
 
 def trained_step(out: Path) -> int:
@@ -146,32 +157,30 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
                device: str) -> dict:  # fmt: skip
     """Train (or finish training) one peer; returns its record {policy, task, seconds, command, ...}."""
     done = out / DONE_FILE
+    args = train_args(policy, task, episodes, config, out, chunk, device)
     if done.exists():
         record = json.loads(done.read_text())
-        wanted = _settings(config)
-        had = {key: record.get(key, [] if key == "extra_args" else None) for key in wanted}
-        if had == wanted:
-            return record
-        differ = sorted(key for key in wanted if had[key] != wanted[key])
-        raise FileExistsError(
-            f"{out} holds a peer trained with {', '.join(f'{k}={had[k]}' for k in differ)}; move it away "
-            f"or use another --output_dir to train with {', '.join(f'{k}={wanted[k]}' for k in differ)}"
-        )
-    args = train_args(policy, task, episodes, config, out, chunk, device)
+        _require_same_args(out, "trained", record.get("args"), args)
+        return record
+    planned = out.parent / f"{out.name}.args.json"  # the arguments of a run, kept for its resume
     step = trained_step(out)
+    run_args = args
     if step:  # resume an interrupted run from its last checkpoint
+        before = json.loads(planned.read_text()) if planned.exists() else None
+        _require_same_args(out, "partly trained", before, args)
         last = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
-        args = [args[0], f"--config_path={last}", "--resume=true", f"--steps={config.steps}"]
+        run_args = [args[0], f"--config_path={last}", "--resume=true", f"--steps={config.steps}"]
     elif out.exists():
         shutil.rmtree(out)  # started but never reached a checkpoint: nothing to keep
     out.parent.mkdir(parents=True, exist_ok=True)
+    planned.write_text(json.dumps(args))
     log = out.parent / f"{out.name}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     with open(log, "a") as stream:
-        stream.write(f"\n$ {' '.join(args)}\n")
+        stream.write(f"\n$ {' '.join(run_args)}\n")
         stream.flush()
-        result = subprocess.run(args, stdout=stream, stderr=subprocess.STDOUT, env=env, check=False)
+        result = subprocess.run(run_args, stdout=stream, stderr=subprocess.STDOUT, env=env, check=False)
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         tail = log.read_text().splitlines()[-15:]
@@ -184,9 +193,11 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         "size": config.size,
         "extra_args": list(config.extra_args),
         "episodes": len(episodes),
+        "args": args,  # what reuse compares
         "seconds": seconds,  # of this run only when it resumed
         "resumed_from_step": step,
         "command": " ".join(args),
+        "resumed_with": " ".join(run_args) if step else None,
         "log": str(log),
     }
     done.write_text(json.dumps(record, indent=2))

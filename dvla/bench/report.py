@@ -17,7 +17,7 @@ def _setting(label: str) -> str:
 
 def _wrap(command: str) -> str:
     """A long command on several lines, to fit under a plot."""
-    return "\n".join(textwrap.wrap(command, 150, break_on_hyphens=False))
+    return "\n".join(textwrap.wrap(command, 130, break_on_hyphens=False))
 
 
 def _ci(row: dict) -> str:
@@ -34,8 +34,8 @@ def targets(results: dict) -> list[dict]:
         best = max(sweep, key=lambda r: r["success"])
         few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
         best_few = max(few, key=lambda r: r["success"], default=None)
-        value = f"best at <= 4 steps {_pct(best_few['success'] if best_few else 0)}, best overall " \
-                f"{_pct(best['success'])} ({_setting(best['label'])})"  # fmt: skip
+        few_text = f"best at <= 4 steps {_pct(best_few['success'])}" if best_few else "no <= 4-step setting"
+        value = f"{few_text}, best overall {_pct(best['success'])} ({_setting(best['label'])})"
         if best_few and best_few is not best and best_few["wilson95"][1] >= best["wilson95"][0]:
             value += "; the two 95% intervals overlap, so the gap is not resolved at this episode count"
         out.append(
@@ -231,7 +231,7 @@ def plots(results: dict, out: Path) -> list[str]:
                 ax.annotate(r["label"], xy, textcoords="offset points", xytext=(4, 4))
         ax.set_xscale("log")
         ax.xaxis.set_major_locator(FixedLocator(sorted({r[x_key] for r in points})))  # a tick per setting
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0f}"))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(x_label)
         ax.set_ylabel("success rate (%)")

@@ -154,9 +154,9 @@ class Bench:
         if flow.config.action_head != "flow":
             raise ValueError(f"--flow_checkpoint {self.config.flow_checkpoint} has the discrete head")
         rows = []
+        discrete = self.decode_setting(self.config.default_steps)[0].removeprefix("dvla ")
         for name, checkpoint, model, decode in (
-            (f"discrete, {self.config.default_steps} steps", self.checkpoint, self.model,
-             DecodeConfig(steps=self.config.default_steps)),
+            (discrete, self.checkpoint, self.model, DecodeConfig(steps=self.config.default_steps)),
             (f"flow, {flow.config.flow.integration_steps} Euler steps", self.config.flow_checkpoint, flow,
              DecodeConfig()),
         ):  # fmt: skip
