@@ -191,7 +191,6 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         "steps": config.steps,
         "batch_size": config.batch_size,
         "size": config.size,
-        "extra_args": list(config.extra_args),
         "episodes": len(episodes),
         "args": args,  # what reuse compares
         "seconds": seconds,  # of this run only when it resumed
