@@ -213,3 +213,13 @@ def test_target_verdicts():
     assert few_best["reached"] and "(4 steps)" in few_best["value"]
     assert "not resolved" not in few_best["value"]
     assert not any(missed[k] for k in missed if "diffusion" not in k and "act's" not in k)
+
+
+def test_latency_targets_follow_the_default_setting():
+    results = _results(0.89, 100.0, 0.4, 0.35)
+    results["latency"]["rows"][0]["name"] = "dvla discrete, 2 steps"  # a run with --default_steps 2
+    assert not any("AR decoding" in v["target"] for v in targets(results))
+    results["latency"]["default"] = "dvla discrete, 2 steps"
+    verdict = {v["target"]: v for v in targets(results)}
+    assert verdict[">= 8x lower latency per chunk than AR decoding (same model)"]["value"].startswith("10.0x")
+    assert verdict["latency per chunk <= 1.5x act's"]["reached"] is True

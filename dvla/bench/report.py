@@ -45,7 +45,9 @@ def targets(results: dict) -> list[dict]:
                 "reached": None if best_few is None else best_few["success"] >= best["success"] - 0.02,
             }
         )
-    four, ar = latency.get("dvla discrete, 4 steps"), latency.get("dvla discrete, autoregressive")
+    # the default decode setting (--default_steps); bench.json files without the key used 4 steps
+    default = results.get("latency", {}).get("default", "dvla discrete, 4 steps")
+    four, ar = latency.get(default), latency.get("dvla discrete, autoregressive")
     if four and ar:
         ratio = ar["ms_per_chunk"] / four["ms_per_chunk"]
         out.append(

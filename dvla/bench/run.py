@@ -239,7 +239,8 @@ class Bench:
                 continue
             actor = LeRobotActor(path, self.device)
             rows.append(lat.time_lerobot(actor, self.config.latency_repeats, self.device).row(name=policy))
-        self.results["latency"] = {"rows": rows, "notes": notes}
+        default = self.decode_setting(self.config.default_steps)[0]  # what the targets compare
+        self.results["latency"] = {"rows": rows, "notes": notes, "default": default}
 
     def _flow_model(self):
         """The flow checkpoint, or an untrained flow-head twin of the checkpoint (latency only)."""
