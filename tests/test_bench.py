@@ -137,6 +137,15 @@ def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
     assert args.index("--policy.scheduler_warmup_steps=500") < args.index("--policy.scheduler_warmup_steps=7")
 
 
+def test_policy_steps_give_one_peer_its_own_budget(tiny_dataset, tmp_path):
+    root, _ = tiny_dataset
+    config = PeerConfig(dataset_root=str(root), steps=300, policy_steps={"act": 400})
+    act = train_args("act", "reach-v3", [0], config, tmp_path, 16, "cpu")
+    diffusion = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+    assert "--steps=400" in act and "--save_freq=100" in act
+    assert "--steps=300" in diffusion and "--policy.scheduler_warmup_steps=30" in diffusion
+
+
 def test_peer_is_refused_on_a_task_it_was_not_trained_on(bench_run, tmp_path, capsys):
     _, out = bench_run
     peer = out / "peers" / "act" / "reach-v3"
@@ -164,6 +173,10 @@ def test_bench_config_errors(tmp_path):
         PeerConfig(policies=["pi0"])
     with pytest.raises(ValueError, match="peers.size"):
         PeerConfig(size="huge")
+    with pytest.raises(ValueError, match="unknown policies \\['pi0'\\]"):
+        PeerConfig(policy_steps={"pi0": 10})
+    with pytest.raises(ValueError, match="must be >= 1"):
+        PeerConfig(policy_steps={"act": 0})
 
 
 def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float) -> dict:

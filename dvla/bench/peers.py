@@ -92,12 +92,13 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
     """The `lerobot-train` command line of one per-task peer."""
     root = Path(config.dataset_root).resolve()  # the peer's train_config.json must find it from anywhere
     size_args = list(SIZE_ARGS[config.size][policy])
+    steps = config.steps_for(policy)
     if policy == "diffusion":
         meta = _metadata(root)
         side = min(meta.features[key]["shape"][0] for key in meta.camera_keys)  # (H, W, 3)
         size_args.append(f"--policy.crop_shape=[{int(side * CROP)},{int(side * CROP)}]")
         # LeRobot's 500 warmup steps would fill a short budget: keep them to at most a tenth of it
-        warmup = min(DIFFUSION_WARMUP, max(1, config.steps // 10))
+        warmup = min(DIFFUSION_WARMUP, max(1, steps // 10))
         size_args.append(f"--policy.scheduler_warmup_steps={warmup}")
     return [
         _lerobot_train(),
@@ -111,11 +112,11 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         *OFFLINE_ARGS[policy],
         *control_args(policy, chunk),
         *size_args,
-        f"--steps={config.steps}",
+        f"--steps={steps}",
         f"--batch_size={config.batch_size}",
-        f"--save_freq={max(1, config.steps // 4)}",
+        f"--save_freq={max(1, steps // 4)}",
         "--env_eval_freq=0",
-        f"--log_freq={max(1, config.steps // 20)}",
+        f"--log_freq={max(1, steps // 20)}",
         f"--num_workers={min(4, os.cpu_count() or 1)}",
         "--seed=1000",
         "--wandb.enable=false",
@@ -169,7 +170,7 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         before = json.loads(planned.read_text()) if planned.exists() else None
         _require_same_args(out, "partly trained", before, args)
         last = out / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
-        run_args = [args[0], f"--config_path={last}", "--resume=true", f"--steps={config.steps}"]
+        run_args = [args[0], f"--config_path={last}", "--resume=true", f"--steps={config.steps_for(policy)}"]
     elif out.exists():
         shutil.rmtree(out)  # started but never reached a checkpoint: nothing to keep
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +189,7 @@ def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, 
     record = {
         "policy": policy,
         "task": task,
-        "steps": config.steps,
+        "steps": config.steps_for(policy),
         "batch_size": config.batch_size,
         "size": config.size,
         "episodes": len(episodes),

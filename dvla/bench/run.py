@@ -178,7 +178,7 @@ class Bench:
                 for task in self.tasks:
                     folder = self.out / "peers" / policy / task
                     print(f"bench: training {policy} on {task} ({len(episodes[task])} episodes, "
-                          f"{peers.steps} steps, log {folder}.log)")  # fmt: skip
+                          f"{peers.steps_for(policy)} steps, log {folder}.log)")  # fmt: skip
                     chunk = self.model.config.chunk_size
                     record = train_peer(policy, task, episodes[task], peers, folder, chunk, self.device.type)
                     trained.append((policy, task, folder, record))
@@ -209,8 +209,9 @@ class Bench:
             }
         name, _, decode = self.decode_setting(self.config.default_steps)
         report = self.evaluate(f"dvla_steps{self.config.default_steps}", self.checkpoint, self.tasks, decode)
+        steps = ", ".join(f"{p} {peers.steps_for(p)}" for p in peers.policies)
         budget = (
-            f"each peer: {peers.steps} optimizer steps at batch {peers.batch_size} on its one task "
+            f"each peer: {steps} optimizer steps at batch {peers.batch_size} on its one task "
             f"(LeRobot '{peers.size}' size); dvla: one model for all tasks (see its training config)"
         )
         self.results["peers"] = {"rows": rows, "summary": summary, "budget": budget,
