@@ -65,6 +65,7 @@ def test_quick_bench_measures_every_section(bench_run):
         assert row["train_seconds"] > 0 and "lerobot-train" in row["command"] and row["episodes"] == 1
     assert set(peers["summary"]) == {"act", "diffusion"} and peers["dvla"]["episodes"] == 1
     latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
+    assert results["latency"]["default"] == "dvla discrete, 4 steps"  # what the latency targets compare
     assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
     assert latency["diffusion"]["forwards"] == 4  # the tiny peer's 4 denoising steps
     for row in latency.values():
@@ -177,6 +178,18 @@ def test_bench_config_errors(tmp_path):
         PeerConfig(policy_steps={"pi0": 10})
     with pytest.raises(ValueError, match="must be >= 1"):
         PeerConfig(policy_steps={"act": 0})
+
+
+def test_policy_steps_parse_from_the_command_line():
+    import draccus
+
+    from dvla.cli import normalize_args
+
+    args = ["--checkpoint", "x", "--peers.steps", "285", "--peers.policy_steps", "{act: 380}"]
+    config = draccus.parse(config_class=BenchConfig, args=normalize_args(args, BenchConfig))
+    assert config.peers.steps_for("act") == 380 and config.peers.steps_for("diffusion") == 285
+    quick = draccus.parse(config_class=BenchConfig, args=normalize_args([*args, "--quick"], BenchConfig))
+    assert quick.peers.policy_steps == {} and quick.peers.steps_for("act") == 2  # quick trains 2 steps
 
 
 def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float) -> dict:
