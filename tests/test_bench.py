@@ -67,6 +67,7 @@ def test_quick_bench_measures_every_section(bench_run):
     latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
     assert results["latency"]["default"] == "dvla discrete, 4 steps"  # what the latency targets compare
     assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
+    assert latency["dvla discrete, 1 step"]["forwards"] == 2  # each sweep setting below the default is timed
     assert latency["diffusion"]["forwards"] == 4  # the tiny peer's 4 denoising steps
     for row in latency.values():
         assert row["ms_per_control_step"] == pytest.approx(row["ms_per_chunk"] / row["n_action_steps"])
@@ -249,3 +250,25 @@ def test_latency_targets_follow_the_default_setting():
     verdict = {v["target"]: v for v in targets(results)}
     assert verdict[">= 8x lower latency per chunk than AR decoding (same model)"]["value"].startswith("10.0x")
     assert verdict["latency per chunk <= 1.5x act's"]["reached"] is True
+
+
+def test_ar_ratio_names_every_few_step_setting():
+    results = _results(0.89, 70.0, 0.4, 0.35)
+    del results["decode"]
+    results["latency"]["rows"].insert(1, {"name": "dvla discrete, 1 step", "ms_per_chunk": 5.0})
+    verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
+    assert verdict["value"] == "7.0x (10.0 vs 70.0 ms); 1 step: 14.0x"
+    assert verdict["reached"] is False  # judged at the default setting when no sweep ran
+
+
+def test_ar_ratio_follows_the_sweep_setting_that_keeps_success():
+    results = _results(0.89, 70.0, 0.4, 0.35)
+    timing = {2: 6.0, 4: 10.0, 16: 30.0}
+    for row in results["decode"]["rows"]:
+        row["ms_batch1"] = timing[row["steps"]]
+    ar = {"autoregressive": True, "steps": 64, "label": "AR", "success": 0.1, "wilson95": [0, 1]}
+    results["decode"]["rows"].append({**ar, "ms_batch1": 90.0})
+    verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
+    assert verdict["value"].startswith("9.0x at 4 steps, the best <= 4-step setting (10.0 vs 90.0 ms")
+    assert verdict["value"].endswith("; 4 steps: 7.0x (latency section)")
+    assert verdict["reached"] is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -18,6 +19,24 @@ def _setting(label: str) -> str:
 def _wrap(command: str) -> str:
     """A long command on several lines, to fit under a plot."""
     return "\n".join(textwrap.wrap(command, 130, break_on_hyphens=False))
+
+
+AR_NAME = "dvla discrete, autoregressive"
+AR_TARGET = ">= 8x lower latency per chunk than AR decoding (same model)"
+
+
+def _steps(name: str) -> int | None:
+    """The step count of a latency row named like "dvla discrete, 2 steps"; None for other rows."""
+    match = re.fullmatch(r"dvla discrete, (\d+) steps?", name)
+    return int(match.group(1)) if match else None
+
+
+def _ar_ratios(latency: dict, default: str, only_fewer: bool = False) -> str:
+    """AR latency over that of each parallel setting up to the default's step count, in words."""
+    ar, top = latency[AR_NAME]["ms_per_chunk"], _steps(default) or 0
+    rows = sorted(((_steps(n), r) for n, r in latency.items() if _steps(n) is not None), key=lambda x: x[0])
+    kept = [(steps, row) for steps, row in rows if steps < top or (steps == top and not only_fewer)]
+    return ", ".join(f"{s} step{'s' if s > 1 else ''}: {ar / row['ms_per_chunk']:.1f}x" for s, row in kept)
 
 
 def _ci(row: dict) -> str:
@@ -47,16 +66,23 @@ def targets(results: dict) -> list[dict]:
         )
     # the default decode setting (--default_steps); bench.json files without the key used 4 steps
     default = results.get("latency", {}).get("default", "dvla discrete, 4 steps")
-    four, ar = latency.get(default), latency.get("dvla discrete, autoregressive")
-    if four and ar:
+    four, ar = latency.get(default), latency.get(AR_NAME)
+    sweep_ar = next((r for r in sweep if r["autoregressive"]), None)
+    if sweep and best_few and sweep_ar:
+        # the target couples the two: the few-step setting that keeps success, timed against AR in one run
+        ratio = sweep_ar["ms_batch1"] / best_few["ms_batch1"]
+        mine, theirs = best_few["ms_batch1"], sweep_ar["ms_batch1"]
+        value = f"{ratio:.1f}x at {_setting(best_few['label'])}, the best <= 4-step setting ({mine:.1f} vs "
+        value += f"{theirs:.1f} ms, decode sweep)"
+        if four and ar:
+            value += f"; {_ar_ratios(latency, default)} (latency section)"
+        out.append({"target": AR_TARGET, "value": value, "reached": ratio >= 8})
+    elif four and ar:
         ratio = ar["ms_per_chunk"] / four["ms_per_chunk"]
-        out.append(
-            {
-                "target": ">= 8x lower latency per chunk than AR decoding (same model)",
-                "value": f"{ratio:.1f}x ({four['ms_per_chunk']:.1f} vs {ar['ms_per_chunk']:.1f} ms)",
-                "reached": ratio >= 8,
-            }
-        )
+        value = f"{ratio:.1f}x ({four['ms_per_chunk']:.1f} vs {ar['ms_per_chunk']:.1f} ms)"
+        fewer = _ar_ratios(latency, default, only_fewer=True)
+        value += f"; {fewer}" if fewer else ""
+        out.append({"target": AR_TARGET, "value": value, "reached": ratio >= 8})
     peers = results.get("peers", {}).get("summary", {})
     ours = results.get("peers", {}).get("dvla")
     for policy, bound in (("act", 1.5), ("diffusion", 1 / 3)):

@@ -222,8 +222,11 @@ class Bench:
         from dvla.actors import LeRobotActor, resolve_lerobot_policy
 
         rows, notes = [], []
-        for steps, use_cache in ((self.config.default_steps, True), (self.config.default_steps, False),
-                                 (self.tokens, True), (None, True)):  # fmt: skip
+        default_steps = self.config.default_steps
+        fewer = sorted({s for s in self.config.decode_steps if 0 < s < default_steps})  # AR ratio per setting
+        settings = [(default_steps, True), (default_steps, False), *((s, True) for s in fewer),
+                    (self.tokens, True), (None, True)]  # fmt: skip
+        for steps, use_cache in settings:
             name, _, decode = self.decode_setting(steps)
             timing = self.time_decode(decode, use_cache)
             rows.append(timing.row(name=name + ("" if use_cache else ", no prefix cache"), cache=use_cache))
