@@ -10,6 +10,7 @@ from dvla.bench.config import BenchConfig, PeerConfig
 from dvla.bench.peers import DONE_FILE, task_episodes, train_args, train_peer
 from dvla.bench.report import targets
 from dvla.cli import main
+from dvla.metrics import mcnemar_exact, paired_comparison
 from dvla.sim.tasks import task_description
 from dvla.train import train
 
@@ -64,6 +65,10 @@ def test_quick_bench_measures_every_section(bench_run):
     for row in peers["rows"]:
         assert row["train_seconds"] > 0 and "lerobot-train" in row["command"] and row["episodes"] == 1
     assert set(peers["summary"]) == {"act", "diffusion"} and peers["dvla"]["episodes"] == 1
+    for policy in ("act", "diffusion"):  # dvla and the peer on the one shared episode
+        paired = peers["summary"][policy]["paired_vs_dvla"]
+        assert paired["episodes"] == 1 and paired["first_only"] + paired["second_only"] <= 1
+    assert results["heads"]["paired"]["episodes"] == 1
     latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
     assert results["latency"]["default"] == "dvla discrete, 4 steps"  # what the latency targets compare
     assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
@@ -272,3 +277,16 @@ def test_ar_ratio_follows_the_sweep_setting_that_keeps_success():
     assert verdict["value"].startswith("9.0x at 4 steps, the best <= 4-step setting (10.0 vs 90.0 ms")
     assert verdict["value"].endswith("; 4 steps: 7.0x (latency section)")
     assert verdict["reached"] is True
+
+
+def test_paired_comparison_counts_discordant_episodes():
+    first = {("reach-v3", seed): seed < 1015 for seed in range(1000, 1020)}  # 15 of 20
+    second = {("reach-v3", seed): seed >= 1003 for seed in range(1000, 1020)}  # 17 of 20
+    second[("drawer-close-v3", 1000)] = True  # not run by `first`: left out of the pairing
+    paired = paired_comparison(first, second)
+    assert (paired["episodes"], paired["first_only"], paired["second_only"]) == (20, 3, 5)
+    assert paired["p_value"] == pytest.approx(mcnemar_exact(3, 5))
+    assert mcnemar_exact(12, 3) == pytest.approx(2 * (1 + 15 + 105 + 455) / 2**15)  # two-sided, p = 1/2
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(4, 4) == 1.0
+    with pytest.raises(ValueError, match="discordant counts"):
+        mcnemar_exact(-1, 2)

@@ -39,6 +39,14 @@ def _ar_ratios(latency: dict, default: str, only_fewer: bool = False) -> str:
     return ", ".join(f"{s} step{'s' if s > 1 else ''}: {ar / row['ms_per_chunk']:.1f}x" for s, row in kept)
 
 
+def _paired(test: dict, first: str, second: str) -> str:
+    """A paired comparison in words: who alone solved how many of the shared episodes, McNemar's p."""
+    return (
+        f"{test['first_only']} episodes solved by {first} only, {test['second_only']} by {second} only, "
+        f"of {test['episodes']} (exact McNemar p = {test['p_value']:.2g})"
+    )
+
+
 def _ci(row: dict) -> str:
     low, high = row["wilson95"]
     return f"{_pct(low)}-{_pct(high)}"
@@ -88,10 +96,13 @@ def targets(results: dict) -> list[dict]:
     for policy, bound in (("act", 1.5), ("diffusion", 1 / 3)):
         if policy in peers and ours:
             theirs = peers[policy]
+            value = f"dvla {_pct(ours['success'])} vs {policy} {_pct(theirs['success'])}"
+            if "paired_vs_dvla" in theirs:
+                value += f" ({_paired(theirs['paired_vs_dvla'], 'dvla', policy)})"
             out.append(
                 {
                     "target": f"success >= {policy} on the same tasks and budget",
-                    "value": f"dvla {_pct(ours['success'])} vs {policy} {_pct(theirs['success'])}",
+                    "value": value,
                     "reached": ours["success"] >= theirs["success"],
                 }
             )
@@ -155,6 +166,8 @@ def markdown(results: dict) -> str:
         lines += ["| --- | ---: | ---: | ---: |"]
         for r in heads["rows"]:
             lines.append(f"| {r['name']} | {_pct(r['success'])} | {_ci(r)} | {r['ms_batch1']:.1f} |")
+        if heads.get("paired"):
+            lines += ["", f"Paired on the same seeds: {_paired(heads['paired'], 'discrete', 'flow')}."]
     peers = results.get("peers")
     if peers:
         lines += [
@@ -174,6 +187,10 @@ def markdown(results: dict) -> str:
         if peers.get("dvla"):
             r = peers["dvla"]
             lines.append(f"| **dvla** ({r['name']}) | all | **{_pct(r['success'])}** | {_ci(r)} | |")
+        paired = [(p, r["paired_vs_dvla"]) for p, r in peers["summary"].items() if r.get("paired_vs_dvla")]
+        if paired:
+            lines += ["", "Paired on the same seeds:"]
+            lines += [f"- dvla vs {policy}: {_paired(test, 'dvla', policy)}" for policy, test in paired]
     latency = results.get("latency")
     if latency:
         lines += [

@@ -22,7 +22,7 @@ from dvla.bench import latency as lat
 from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
 from dvla.bench.report import markdown, plots, targets
-from dvla.metrics import wilson_interval
+from dvla.metrics import episode_outcomes, paired_comparison, wilson_interval
 from dvla.rollout import resolve_device
 from dvla.rollout_config import RolloutConfig
 
@@ -153,7 +153,7 @@ class Bench:
         flow, _, _ = load_checkpoint(self.config.flow_checkpoint, self.device)
         if flow.config.action_head != "flow":
             raise ValueError(f"--flow_checkpoint {self.config.flow_checkpoint} has the discrete head")
-        rows = []
+        rows, outcomes = [], []
         discrete = self.decode_setting(self.config.default_steps)[0].removeprefix("dvla ")
         for name, checkpoint, model, decode in (
             (discrete, self.checkpoint, self.model, DecodeConfig(steps=self.config.default_steps)),
@@ -164,7 +164,9 @@ class Bench:
             report = self.evaluate(f"dvla_{key}", checkpoint, self.tasks, decode)
             timing = self.time_decode(decode, model=model)
             rows.append({"name": name, "ms_batch1": timing.ms_per_chunk, **self.success(report)})
-        self.results["heads"] = {"rows": rows}
+            outcomes.append(episode_outcomes(report))
+        # the same seeds for both heads: a paired test (first = discrete)
+        self.results["heads"] = {"rows": rows, "paired": paired_comparison(*outcomes)}
 
     def peers(self) -> None:
         peers = self.config.peers
@@ -185,9 +187,10 @@ class Bench:
         if not trained:
             print("bench: peers skipped (give --peers.dataset_root to train them, or --peers.trained)")
             return
-        rows = []
+        rows, outcomes = [], {}
         for policy, task, folder, record in trained:
             report = self.evaluate(f"{policy}_{task}", folder, [task])
+            outcomes.setdefault(policy, {}).update(episode_outcomes(report))
             rows.append(
                 {
                     "policy": policy,
@@ -198,7 +201,9 @@ class Bench:
                     **self.success(report),
                 }
             )
-        summary = {}
+        name, _, decode = self.decode_setting(self.config.default_steps)
+        report = self.evaluate(f"dvla_steps{self.config.default_steps}", self.checkpoint, self.tasks, decode)
+        summary, ours = {}, episode_outcomes(report)
         for policy in sorted({r["policy"] for r in rows}):
             mine = [r for r in rows if r["policy"] == policy]
             wins, trials = sum(r["successes"] for r in mine), sum(r["episodes"] for r in mine)
@@ -206,9 +211,9 @@ class Bench:
                 "success": wins / trials,
                 "wilson95": list(wilson_interval(wins, trials)),
                 "tasks": [r["task"] for r in mine],
+                # dvla against this peer on the episodes both ran (first = dvla)
+                "paired_vs_dvla": paired_comparison(ours, outcomes[policy]),
             }
-        name, _, decode = self.decode_setting(self.config.default_steps)
-        report = self.evaluate(f"dvla_steps{self.config.default_steps}", self.checkpoint, self.tasks, decode)
         steps = ", ".join(f"{p} {peers.steps_for(p)}" for p in peers.policies)
         budget = (
             f"each peer: {steps} optimizer steps at batch {peers.batch_size} on its one task "
