@@ -67,8 +67,13 @@ def test_quick_bench_measures_every_section(bench_run):
     assert set(peers["summary"]) == {"act", "diffusion"} and peers["dvla"]["episodes"] == 1
     for policy in ("act", "diffusion"):  # dvla and the peer on the one shared episode
         paired = peers["summary"][policy]["paired_vs_dvla"]
-        assert paired["episodes"] == 1 and paired["first_only"] + paired["second_only"] <= 1
-    assert results["heads"]["paired"]["episodes"] == 1
+        gap = peers["dvla"]["successes"] - sum(r["successes"] for r in peers["rows"] if r["policy"] == policy)
+        assert paired["episodes"] == 1 and paired["first_only"] - paired["second_only"] == gap
+    heads = results["heads"]
+    assert heads["paired"]["episodes"] == 1
+    assert heads["paired"]["first_only"] - heads["paired"]["second_only"] == (
+        heads["rows"][0]["successes"] - heads["rows"][1]["successes"]
+    )
     latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
     assert results["latency"]["default"] == "dvla discrete, 4 steps"  # what the latency targets compare
     assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
@@ -83,6 +88,7 @@ def test_quick_bench_measures_every_section(bench_run):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     md = (out / "bench.md").read_text()
     assert "## Targets" in md and "reach-v3" in md and "| act | reach-v3 |" in md
+    assert "- dvla vs act: " in md and "exact McNemar p = " in md.split("## Discrete vs flow")[1]
     section = md.split("## Decoding sweep")[1].split("\n## ")[0]
     sweep = [line for line in section.splitlines() if line.startswith("| dvla discrete, ")]
     assert len(sweep) == 4
@@ -199,15 +205,13 @@ def test_policy_steps_parse_from_the_command_line():
 
 
 def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float) -> dict:
-    row = dict(autoregressive=False, wilson95=[0, 1])
+    def row(steps: int, success: float) -> dict:
+        name, label = f"dvla discrete, {steps} steps", str(steps)
+        common = dict(autoregressive=False, wilson95=[0, 1])
+        return dict(name=name, steps=steps, label=label, success=success, **common)
+
     return {
-        "decode": {
-            "rows": [
-                {**row, "steps": 2, "label": "2", "success": best_few - 0.1},
-                {**row, "steps": 4, "label": "4", "success": best_few},
-                {**row, "steps": 16, "label": "16", "success": 0.9},
-            ]
-        },
+        "decode": {"rows": [row(2, best_few - 0.1), row(4, best_few), row(16, 0.9)]},
         "latency": {
             "rows": [
                 {"name": "dvla discrete, 4 steps", "ms_per_chunk": 10.0},
@@ -262,21 +266,34 @@ def test_ar_ratio_names_every_few_step_setting():
     del results["decode"]
     results["latency"]["rows"].insert(1, {"name": "dvla discrete, 1 step", "ms_per_chunk": 5.0})
     verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
-    assert verdict["value"] == "7.0x (10.0 vs 70.0 ms); 1 step: 14.0x"
+    assert verdict["value"] == "7.0x at 4 steps (10.0 vs 70.0 ms); 1 step: 14.0x"
     assert verdict["reached"] is False  # judged at the default setting when no sweep ran
 
 
-def test_ar_ratio_follows_the_sweep_setting_that_keeps_success():
-    results = _results(0.89, 70.0, 0.4, 0.35)
-    timing = {2: 6.0, 4: 10.0, 16: 30.0}
-    for row in results["decode"]["rows"]:
-        row["ms_batch1"] = timing[row["steps"]]
-    ar = {"autoregressive": True, "steps": 64, "label": "AR", "success": 0.1, "wilson95": [0, 1]}
-    results["decode"]["rows"].append({**ar, "ms_batch1": 90.0})
+def test_ar_ratio_is_judged_at_the_sweep_setting_that_keeps_success():
+    results = _results(0.5, 70.0, 0.4, 0.35)  # 2 steps 40%, 4 steps 50%, 16 steps 90%
+    results["latency"]["rows"].insert(1, {"name": "dvla discrete, 2 steps", "ms_per_chunk": 5.0})
     verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
-    assert verdict["value"].startswith("9.0x at 4 steps, the best <= 4-step setting (10.0 vs 90.0 ms")
-    assert verdict["value"].endswith("; 4 steps: 7.0x (latency section)")
+    assert verdict["value"].startswith("7.0x at 4 steps, the best <= 4-step setting (10.0 vs 70.0 ms, lat")
+    assert "4 steps is not within 2 points of the best success" in verdict["value"]
+    assert verdict["value"].endswith("2 steps: 14.0x, 4 steps: 7.0x") and verdict["reached"] is False
+    for row, ms in zip(results["decode"]["rows"], (5.0, 10.0, 30.0), strict=True):
+        row["ms_batch1"] = ms
+    ar = {"name": "dvla discrete, autoregressive", "autoregressive": True, "steps": 64, "label": "AR"}
+    results["decode"]["rows"].append({**ar, "success": 0.1, "wilson95": [0, 1], "ms_batch1": 90.0})
+    del results["latency"]  # no latency section: the sweep's own timings
+    verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
+    assert verdict["value"].startswith("9.0x at 4 steps, the best <= 4-step setting (10.0 vs 90.0 ms, decode")
     assert verdict["reached"] is True
+
+
+def test_success_target_uses_the_paired_count():
+    results = _results(0.89, 100.0, 0.4, 0.35)  # pooled: dvla 50% against act 40%
+    act = results["peers"]["summary"]["act"]
+    act["paired_vs_dvla"] = {"episodes": 10, "first_only": 1, "second_only": 2, "p_value": 1.0}
+    verdict = next(v for v in targets(results) if v["target"].startswith("success >= act"))
+    assert verdict["reached"] is False  # on the shared episodes act solved one more
+    assert "1 episodes solved by dvla only, 2 by act only, of 10" in verdict["value"]
 
 
 def test_paired_comparison_counts_discordant_episodes():
@@ -285,7 +302,7 @@ def test_paired_comparison_counts_discordant_episodes():
     second[("drawer-close-v3", 1000)] = True  # not run by `first`: left out of the pairing
     paired = paired_comparison(first, second)
     assert (paired["episodes"], paired["first_only"], paired["second_only"]) == (20, 3, 5)
-    assert paired["p_value"] == pytest.approx(mcnemar_exact(3, 5))
+    assert paired["p_value"] == pytest.approx(2 * (1 + 8 + 28 + 56) / 2**8)  # 186 / 256
     assert mcnemar_exact(12, 3) == pytest.approx(2 * (1 + 15 + 105 + 455) / 2**15)  # two-sided, p = 1/2
     assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(4, 4) == 1.0
     with pytest.raises(ValueError, match="discordant counts"):

@@ -21,7 +21,7 @@ from dvla.backbone.decoder import DecodeConfig
 from dvla.bench import latency as lat
 from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
-from dvla.bench.report import markdown, plots, targets
+from dvla.bench.report import markdown, plots, plural_steps, targets
 from dvla.metrics import episode_outcomes, paired_comparison, wilson_interval
 from dvla.rollout import resolve_device
 from dvla.rollout_config import RolloutConfig
@@ -113,7 +113,7 @@ class Bench:
         """(name, plot label, decode config); steps None = autoregressive."""
         if steps is None:
             return "dvla discrete, autoregressive", "AR", DecodeConfig(autoregressive=True)
-        return f"dvla discrete, {steps} step{'s' if steps > 1 else ''}", str(steps), DecodeConfig(steps=steps)
+        return f"dvla discrete, {plural_steps(steps)}", str(steps), DecodeConfig(steps=steps)
 
     def time_decode(self, decode: DecodeConfig, use_cache: bool = True, model=None) -> lat.Timing:
         return lat.time_dvla(
