@@ -12,7 +12,7 @@ def _pct(x: float) -> str:
 
 
 def plural_steps(steps: int) -> str:
-    """ "1 step", "4 steps"."""
+    """A step count in words: 1 step, 4 steps."""
     return f"{steps} step{'' if steps == 1 else 's'}"
 
 
