@@ -44,12 +44,10 @@ def _ar_ratios(latency: dict, default: str, only_fewer: bool = False) -> str:
     return ", ".join(f"{plural_steps(s)}: {ar / row['ms_per_chunk']:.1f}x" for s, row in kept)
 
 
-def _ar_target(latency: dict, default: str, sweep: list[dict]) -> list[dict]:
-    """The AR-ratio target, judged at the best <= 4-step setting of the sweep when it ran, else at the
-    default setting; latencies from the latency section, else from the sweep's own timings."""
+def _ar_target(latency: dict, default: str, sweep: list[dict], best_few: dict | None) -> list[dict]:
+    """The AR-ratio target, judged at `best_few` (the best <= 4-step sweep setting) when the sweep ran,
+    else at the default setting; latencies from the latency section, else from the sweep's own."""
     ar = latency.get(AR_NAME)
-    few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
-    best_few = max(few, key=lambda r: r["success"], default=None)
     sweep_ar = next((r for r in sweep if r["autoregressive"]), None)
     timed = best_few and latency.get(best_few["name"])
     if timed and ar:
@@ -92,10 +90,10 @@ def targets(results: dict) -> list[dict]:
     out = []
     sweep = results.get("decode", {}).get("rows", [])
     latency = {row["name"]: row for row in results.get("latency", {}).get("rows", [])}
+    few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
+    best_few = max(few, key=lambda r: r["success"], default=None)  # the setting both sweep targets judge
     if sweep:
         best = max(sweep, key=lambda r: r["success"])
-        few = [r for r in sweep if not r["autoregressive"] and r["steps"] <= 4]
-        best_few = max(few, key=lambda r: r["success"], default=None)
         few_text = f"best at <= 4 steps {_pct(best_few['success'])}" if best_few else "no <= 4-step setting"
         value = f"{few_text}, best overall {_pct(best['success'])} ({_setting(best['label'])})"
         if best_few and best_few is not best and best_few["wilson95"][1] >= best["wilson95"][0]:
@@ -110,7 +108,7 @@ def targets(results: dict) -> list[dict]:
     # the default decode setting (--default_steps); bench.json files without the key used 4 steps
     default = results.get("latency", {}).get("default", "dvla discrete, 4 steps")
     default_row = latency.get(default)
-    out += _ar_target(latency, default, sweep)
+    out += _ar_target(latency, default, sweep, best_few)
     peers = results.get("peers", {}).get("summary", {})
     ours = results.get("peers", {}).get("dvla")
     for policy, bound in (("act", 1.5), ("diffusion", 1 / 3)):
