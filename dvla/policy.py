@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dvla.backbone.decoder import DecodeConfig
+from dvla.backbone.decoder import DecodeConfig, action_decode_config
 from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model import DiffusionVLA
 from dvla.processor import (
@@ -34,7 +34,10 @@ class PolicyConfig:
     # Actions executed from each predicted chunk before predicting again (receding horizon);
     # None = half the chunk.
     n_action_steps: int | None = None
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # How action chunks are decoded.
+    decode: DecodeConfig = field(default_factory=action_decode_config)
+    # How answers to questions are decoded.
+    answer_decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
 class DiffusionVLAPolicy:
@@ -116,7 +119,7 @@ class DiffusionVLAPolicy:
         """Answers to questions about images (one question per image)."""
         self.model.eval()
         result = self.model.answer_ids(
-            self.observation(images, questions, None), decode or self.config.decode
+            self.observation(images, questions, None), decode or self.config.answer_decode
         )
         return decode_answers(self.tokenizer, result.tokens)
 

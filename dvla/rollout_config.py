@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dvla.backbone.decoder import DecodeConfig
+from dvla.backbone.decoder import DecodeConfig, action_decode_config
 from dvla.sim.tasks import EVAL_SEED_START
 
 
@@ -31,7 +31,8 @@ class RolloutConfig:
     max_steps: int = 500
     # Actions executed from each chunk before re-planning (receding horizon); None = half the chunk.
     n_action_steps: int | None = None
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # How action chunks are decoded; by default in one step (ACTION_DECODE_STEPS in backbone/decoder.py).
+    decode: DecodeConfig = field(default_factory=action_decode_config)
     # Environment worker processes; episodes run in parallel and the policy sees them as one batch.
     workers: int = 2
     # Render size; None = the checkpoint's vision.image_size.

@@ -64,7 +64,7 @@ class VQAConfig:
 def load_vqa_policy(checkpoint: str, decode: DecodeConfig):
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
-    policy = DiffusionVLAPolicy.from_pretrained(checkpoint, PolicyConfig(decode=decode))
+    policy = DiffusionVLAPolicy.from_pretrained(checkpoint, PolicyConfig(answer_decode=decode))
     if VQA_CAMERA not in policy.model.config.vision.cameras:
         raise ValueError(
             f"{checkpoint} was not trained on VQA scenes (its cameras are "

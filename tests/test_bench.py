@@ -75,9 +75,9 @@ def test_quick_bench_measures_every_section(bench_run):
         heads["rows"][0]["successes"] - heads["rows"][1]["successes"]
     )
     latency = {r["policy"] if r["policy"] != "dvla" else r["name"]: r for r in results["latency"]["rows"]}
-    assert results["latency"]["default"] == "dvla discrete, 4 steps"  # what the latency targets compare
-    assert {"act", "diffusion", "dvla discrete, 4 steps, no prefix cache"} <= set(latency)
-    assert latency["dvla discrete, 1 step"]["forwards"] == 2  # each sweep setting below the default is timed
+    assert results["latency"]["default"] == "dvla discrete, 1 step"  # the policy's default decoding
+    assert {"act", "diffusion", "dvla discrete, 1 step, no prefix cache"} <= set(latency)
+    assert latency["dvla discrete, 4 steps"]["forwards"] == 5  # every other few-step sweep setting is timed
     assert latency["diffusion"]["forwards"] == 4  # the tiny peer's 4 denoising steps
     for row in latency.values():
         assert row["ms_per_control_step"] == pytest.approx(row["ms_per_chunk"] / row["n_action_steps"])

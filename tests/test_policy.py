@@ -76,6 +76,23 @@ def test_policy_queues_actions_and_replans(tokenizer):
         DiffusionVLAPolicy(model, tokenizer, STATS, PolicyConfig(n_action_steps=5))
 
 
+def test_policy_decodes_actions_in_one_step_and_answers_in_several(tokenizer):
+    from dvla.rollout_config import RolloutConfig
+
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("a",), text=TextSpecials.from_tokenizer(tokenizer))
+    policy = DiffusionVLAPolicy(model, tokenizer, STATS)
+    images = {"a": torch.randint(0, 255, (2, 32, 32, 3), dtype=torch.uint8)}
+    policy.predict_action_chunk(images, ["open the door"] * 2, torch.rand(2, 5))
+    assert policy.last_forwards == 2  # one denoising step + the prefix pass
+    assert RolloutConfig(checkpoint="x").decode.steps == 1  # `dvla rollout` decodes the same way
+    steps = []
+    original = model.answer_ids
+    model.answer_ids = lambda obs, decode, **k: steps.append(decode.steps) or original(obs, decode, **k)
+    policy.answer(images, ["what color is the cube ?"] * 2)
+    assert steps == [DecodeConfig().steps] and steps[0] > 1  # a multi-token answer keeps several
+
+
 def test_training_batches_from_real_datasets(tiny_dataset, tmp_path, tokenizer):
     from dvla.sim.vqa_dataset import build_vqa_dataset
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dvla.backbone.decoder import ACTION_DECODE_STEPS
+
 SECTIONS = ("decode", "heads", "peers", "latency", "throughput")
 PEER_POLICIES = ("act", "diffusion")
 PEER_SIZES = ("default", "small", "tiny")
@@ -82,8 +84,8 @@ class BenchConfig:
     decode_steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 0])
     # Also roll out left-to-right decoding with a KV cache (same model, same tokens).
     autoregressive: bool = True
-    # Decode steps of the discrete head in the heads and peers comparisons.
-    default_steps: int = 4
+    # Decode steps of the discrete head in the heads and peers comparisons (the policy default).
+    default_steps: int = ACTION_DECODE_STEPS
     # Which parts to run, any of SECTIONS.
     sections: list[str] = field(default_factory=lambda: list(SECTIONS))
     # Timed repeats per latency measurement (after warm-up) and training steps for throughput.

@@ -17,11 +17,11 @@ from pathlib import Path
 import draccus
 import torch
 
-from dvla.backbone.decoder import DecodeConfig
+from dvla.backbone.decoder import DecodeConfig, action_decode_config
 from dvla.bench import latency as lat
 from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
-from dvla.bench.report import markdown, plots, plural_steps, targets
+from dvla.bench.report import FEW_STEPS, markdown, plots, plural_steps, targets
 from dvla.metrics import episode_outcomes, paired_comparison, wilson_interval
 from dvla.rollout import resolve_device
 from dvla.rollout_config import RolloutConfig
@@ -83,7 +83,7 @@ class Bench:
             seed_start=c.seed_start,
             max_steps=c.max_steps,
             workers=c.workers,
-            decode=decode or DecodeConfig(),
+            decode=decode or action_decode_config(),
             output_dir=str(self.out / "rollouts" / name),
             videos_per_task=0,
             device=c.device,
@@ -228,8 +228,9 @@ class Bench:
 
         rows, notes = [], []
         default_steps = self.config.default_steps
-        fewer = sorted({s for s in self.config.decode_steps if 0 < s < default_steps})  # AR ratio per setting
-        settings = [(default_steps, True), (default_steps, False), *((s, True) for s in fewer),
+        # every other few-step sweep setting too: the AR-ratio target is judged at the best of them
+        few = sorted({s for s in self.config.decode_steps if 0 < s <= FEW_STEPS and s != default_steps})
+        settings = [(default_steps, True), (default_steps, False), *((s, True) for s in few),
                     (self.tokens, True), (None, True)]  # fmt: skip
         for steps, use_cache in settings:
             name, _, decode = self.decode_setting(steps)
