@@ -270,6 +270,22 @@ def test_ar_ratio_names_every_few_step_setting():
     assert verdict["reached"] is False  # judged at the default setting when no sweep ran
 
 
+def test_ar_ratio_at_a_one_step_default_names_the_few_step_settings_above_it():
+    results = _results(0.89, 70.0, 0.4, 0.35)
+    del results["decode"]
+    latency = results["latency"]
+    latency["default"] = "dvla discrete, 1 step"
+    latency["rows"][1:1] = [
+        {"name": "dvla discrete, 1 step", "ms_per_chunk": 5.0},
+        {"name": "dvla discrete, 1 step, no prefix cache", "ms_per_chunk": 9.0},
+        {"name": "dvla discrete, 2 steps", "ms_per_chunk": 7.0},
+        {"name": "dvla discrete, 64 steps", "ms_per_chunk": 80.0},
+    ]
+    verdict = next(v for v in targets(results) if "AR decoding" in v["target"])
+    assert verdict["value"] == "14.0x at 1 step (5.0 vs 70.0 ms); 2 steps: 10.0x, 4 steps: 7.0x"
+    assert verdict["reached"] is True
+
+
 def test_ar_ratio_is_judged_at_the_sweep_setting_that_keeps_success():
     results = _results(0.5, 70.0, 0.4, 0.35)  # 2 steps 40%, 4 steps 50%, 16 steps 90%
     results["latency"]["rows"].insert(1, {"name": "dvla discrete, 2 steps", "ms_per_chunk": 5.0})

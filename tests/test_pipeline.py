@@ -159,6 +159,12 @@ def test_vqa_command_scores_a_split_and_shows_steps(cotrained, tiny_vqa, tmp_pat
     assert sum(t["questions"] for t in report["per_type"].values()) == report["questions"]
     assert 0 <= report["exact_match"] <= 1
     capsys.readouterr()
+    from dvla.backbone.decoder import DecodeConfig
+    from dvla.vqa import load_vqa_policy
+
+    policy = load_vqa_policy(str(cotrained), DecodeConfig(steps=2))  # what --decode.steps 2 builds
+    assert policy.config.answer_decode.steps == 2  # answers follow --decode; actions keep 1 step
+    assert policy.config.decode.steps == 1
 
     from PIL import Image
 

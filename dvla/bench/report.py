@@ -64,7 +64,7 @@ def _ar_target(latency: dict, default: str, sweep: list[dict], best_few: dict | 
     else:
         return []
     setting = plural_steps(best_few["steps"])
-    value = f"{theirs / mine:.1f}x at {setting}, the best <= 4-step setting "
+    value = f"{theirs / mine:.1f}x at {setting}, the best <= {FEW_STEPS}-step setting "
     value += f"({mine:.1f} vs {theirs:.1f} ms, {source})"
     if best_few["success"] < max(r["success"] for r in sweep) - 0.02:
         value += f"; {setting} is not within 2 points of the best success"

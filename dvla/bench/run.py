@@ -17,7 +17,7 @@ from pathlib import Path
 import draccus
 import torch
 
-from dvla.backbone.decoder import DecodeConfig, action_decode_config
+from dvla.backbone.decoder import DecodeConfig
 from dvla.bench import latency as lat
 from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
@@ -83,7 +83,7 @@ class Bench:
             seed_start=c.seed_start,
             max_steps=c.max_steps,
             workers=c.workers,
-            decode=decode or action_decode_config(),
+            decode=decode or DecodeConfig(),  # none only for LeRobot peers, which ignore it
             output_dir=str(self.out / "rollouts" / name),
             videos_per_task=0,
             device=c.device,
