@@ -29,10 +29,12 @@ class ActionBatch:
     observation: Observation
     actions: torch.Tensor  # (B, H, D) normalised to [-1, 1]
     actions_is_pad: torch.Tensor  # (B, H) bool, True past the episode end
+    sim_state: torch.Tensor | None = None  # (B, E) auxiliary target in [-1, 1]; training only
 
     def to(self, device: torch.device) -> ActionBatch:
         obs = self.observation.to(device)
-        return ActionBatch(obs, self.actions.to(device), self.actions_is_pad.to(device))
+        sim_state = None if self.sim_state is None else self.sim_state.to(device)
+        return ActionBatch(obs, self.actions.to(device), self.actions_is_pad.to(device), sim_state)
 
 
 @dataclass

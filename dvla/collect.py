@@ -43,6 +43,9 @@ class CollectConfig:
     videos: bool = True
     # Shadow map size; 0 = no shadows (4x faster rendering on a CPU).
     shadow_size: int = 0
+    # Also record MetaWorld's full 39-D observation (object and goal positions) as `sim.state`: no
+    # policy input, but a target dvla can learn to predict from the cameras (--model.sim_state_weight).
+    sim_state: bool = True
     # Step limit per expert episode (MetaWorld allows 500).
     max_episode_steps: int = 500
     # Episodes a worker writes before it commits a part (smaller = less lost on a hard kill).
@@ -88,6 +91,7 @@ def run(config: CollectConfig) -> dict:
             use_videos=config.videos,
             shadow_size=config.shadow_size,
             max_episode_steps=config.max_episode_steps,
+            sim_state=config.sim_state,
         )
         from dvla.sim.metaworld_env import MetaWorldEnvConfig
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dvla.processor import ACTION_KEY, STATE_KEY
+from dvla.processor import ACTION_KEY, SIM_STATE_KEY, STATE_KEY
 from dvla.sim.recording import VIDEO_BACKEND
 
 STAT_QUANTILES = {"q01": 0.01, "q99": 0.99}
@@ -37,6 +37,9 @@ class LeRobotDataConfig:
     state_key: str = "observation.state"
     # Dataset key of the action.
     action_key: str = "action"
+    # Dataset key of a simulator state to predict as an auxiliary training target (never a policy
+    # input), e.g. sim.state in datasets recorded by `dvla collect`. None = no auxiliary target.
+    sim_state_key: str | None = None
     # Action chunk length H: actions t .. t+H-1 (padded past the episode end).
     chunk_size: int = 16
     # Resize images to this square size; None keeps the dataset's size.
@@ -98,7 +101,10 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.config = config
         repo_id, meta = _load_metadata(config)
         features = meta.features
-        for role, key in (("state", config.state_key), ("action", config.action_key)):
+        roles = [("state", config.state_key), ("action", config.action_key)]
+        if config.sim_state_key:
+            roles.append(("sim_state", config.sim_state_key))
+        for role, key in roles:
             if key not in features:
                 raise ValueError(
                     f"the dataset has no {role} feature {key!r}; its features are {sorted(features)}. "
@@ -108,6 +114,8 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.fps = meta.fps
         self.state_dim = int(np.prod(features[config.state_key]["shape"]))
         self.action_dim = int(np.prod(features[config.action_key]["shape"]))
+        sim_key = config.sim_state_key
+        self.sim_state_dim = int(np.prod(features[sim_key]["shape"])) if sim_key else 0
         delta = {config.action_key: [i / meta.fps for i in range(config.chunk_size)]}
         self.dataset = LeRobotDataset(
             repo_id,
@@ -120,7 +128,7 @@ class LeRobotChunks(torch.utils.data.Dataset):
         # the tasks of the selected episodes, in the dataset's order
         selected = {task for e in episodes for task in meta.episodes[int(e)]["tasks"]}
         self.tasks = [task for task in meta.tasks.index if task in selected]
-        self.stats = low_dim_stats(self.dataset, config.state_key, config.action_key)
+        self.stats = low_dim_stats(self.dataset, config.state_key, config.action_key, sim_key)
         self.cache = None
         if config.cache_frames:
             from dvla.frame_cache import FrameCache
@@ -135,7 +143,7 @@ class LeRobotChunks(torch.utils.data.Dataset):
             return self.cache.sample(index)
         item = self.dataset[index]
         key = self.config.action_key
-        return {
+        sample = {
             "images": {
                 name: resize_image(item[k], self.config.image_size) for name, k in self.cameras.items()
             },
@@ -144,6 +152,9 @@ class LeRobotChunks(torch.utils.data.Dataset):
             "actions": item[key].reshape(self.config.chunk_size, -1).float(),  # (H, D)
             "actions_is_pad": item[f"{key}_is_pad"],  # (H,)
         }
+        if self.config.sim_state_key:
+            sample["sim_state"] = item[self.config.sim_state_key].reshape(-1).float()  # (E,)
+        return sample
 
 
 def resize_image(image: torch.Tensor, size: int | None) -> torch.Tensor:
@@ -170,17 +181,22 @@ def stats_of(values: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def low_dim_stats(dataset, state_key: str, action_key: str) -> dict[str, dict[str, np.ndarray]]:
-    """Stats of the state and action under dvla's names (STATE_KEY, ACTION_KEY), whatever the
-    dataset calls them.
+def low_dim_stats(
+    dataset, state_key: str, action_key: str, sim_state_key: str | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """Stats of the state and action (and the simulator state, when given) under dvla's names
+    (STATE_KEY, ACTION_KEY, SIM_STATE_KEY), whatever the dataset calls them.
 
     Recomputed from the data rather than read from meta/stats.json: lerobot's stats of a dataset
     merged from parts (as `dvla collect` writes) carry averaged, not exact, quantiles.
     """
-    return {
+    stats = {
         STATE_KEY: stats_of(low_dim_values(dataset, state_key)),
         ACTION_KEY: stats_of(low_dim_values(dataset, action_key)),
     }
+    if sim_state_key:
+        stats[SIM_STATE_KEY] = stats_of(low_dim_values(dataset, sim_state_key))
+    return stats
 
 
 class VQAScenes(torch.utils.data.Dataset):

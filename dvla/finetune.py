@@ -49,6 +49,8 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         chunk_size=new.chunk_size,
         action_dim=new.action_dim,
         state_dim=new.state_dim,
+        sim_state_dim=new.sim_state_dim,
+        sim_state_weight=new.sim_state_weight,
     )
 
 

@@ -41,9 +41,16 @@ class FrameCache:
     def __init__(self, chunks, num_workers: int = 1, batch_size: int = 64):
         config, dataset = chunks.config, chunks.dataset
         columns = [config.state_key, config.action_key, "episode_index", "task_index"]
+        if config.sim_state_key:
+            columns.append(config.sim_state_key)
         table = dataset.hf_dataset.select_columns(columns).with_format("numpy")[:]
         n = len(table["episode_index"])
         self.state = torch.from_numpy(np.asarray(table[config.state_key], np.float32).reshape(n, -1))
+        self.sim_state = (
+            torch.from_numpy(np.asarray(table[config.sim_state_key], np.float32).reshape(n, -1))
+            if config.sim_state_key
+            else None
+        )
         self.actions = torch.from_numpy(np.asarray(table[config.action_key], np.float32).reshape(n, -1))
         episodes = np.asarray(table["episode_index"])
         starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])  # first frame of each run
@@ -78,10 +85,13 @@ class FrameCache:
         offsets = torch.arange(self.chunk_size)  # (H,)
         wanted = index + offsets
         end = int(self.episode_end[index])
-        return {
+        sample = {
             "images": {name: images[index].float() / 255 for name, images in self.images.items()},
             "state": self.state[index].clone(),  # (S,)
             "task": self.tasks[index],
             "actions": self.actions[wanted.clamp(max=end)],  # (H, D)
             "actions_is_pad": wanted > end,  # (H,)
         }
+        if self.sim_state is not None:
+            sample["sim_state"] = self.sim_state[index].clone()  # (E,)
+        return sample

@@ -100,6 +100,13 @@ class DiffusionVLA(nn.Module):
             if config.action_head == "flow"
             else None
         )
+        # Auxiliary: the simulator state read off the state token, so that the vision encoder learns to
+        # locate objects and goals (training only; the policy never sees the simulator state).
+        self.sim_state_head = (
+            nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim))
+            if config.sim_state_dim
+            else None
+        )
 
     # ---- prefix ---------------------------------------------------------------------------------
     def prefix_embeds(self, obs: Observation, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,8 +123,7 @@ class DiffusionVLA(nn.Module):
         valid = torch.cat([v.to(text.device) for v in valid], dim=1)
         return torch.cat(parts, dim=1), valid
 
-    def encode_prefix(self, obs: Observation) -> Prefix:
-        """One backbone pass over the prefix; its keys/values serve every later step."""
+    def _prefix_pass(self, obs: Observation):
         embeds, valid = self.prefix_embeds(obs)
         out = self.backbone(
             inputs_embeds=embeds,
@@ -125,7 +131,26 @@ class DiffusionVLA(nn.Module):
             attention_mask=layout.prefix_mask(valid),
             return_logits=False,
         )
+        return out, valid
+
+    def encode_prefix(self, obs: Observation) -> Prefix:
+        """One backbone pass over the prefix; its keys/values serve every later step."""
+        out, valid = self._prefix_pass(obs)
         return Prefix(out.past_key_values, valid)
+
+    @torch.no_grad()
+    def predict_sim_state(self, obs: Observation) -> torch.Tensor:
+        """The auxiliary head's reading of the simulator state, (B, E) normalised to [-1, 1]: what
+        the model has learned to see of objects and goals. The state token is the prefix's last
+        position, and the prefix never attends to the target, so this equals the training readout."""
+        if self.sim_state_head is None:
+            raise ValueError(
+                "this checkpoint has no simulator-state head; train with --dataset.sim_state_key sim.state"
+            )
+        if obs.state is None:
+            raise ValueError("the simulator state is read off the state token; give the robot state")
+        out, _ = self._prefix_pass(obs)
+        return self.sim_state_head(out.hidden_states[:, -1])
 
     def _target_hidden(self, prefix: Prefix, target_embeds: torch.Tensor) -> torch.Tensor:
         t = target_embeds.shape[1]
@@ -140,6 +165,10 @@ class DiffusionVLA(nn.Module):
 
     def _full_hidden(self, obs: Observation, target_embeds: torch.Tensor, train: bool) -> torch.Tensor:
         """Training: prefix and target in one pass with the same layout. Returns target states (B, T, d)."""
+        return self._full_pass(obs, target_embeds, train)[:, -target_embeds.shape[1] :]
+
+    def _full_pass(self, obs: Observation, target_embeds: torch.Tensor, train: bool) -> torch.Tensor:
+        """Hidden states of [prefix | target] in one pass: (B, P + T, d)."""
         prefix, valid = self.prefix_embeds(obs, train=train)
         t = target_embeds.shape[1]
         out = self.backbone(
@@ -150,7 +179,18 @@ class DiffusionVLA(nn.Module):
             attention_mask=layout.full_mask(valid, t),
             return_logits=False,
         )
-        return out.hidden_states[:, -t:]
+        return out.hidden_states
+
+    def sim_state_loss(self, hidden: torch.Tensor, batch: ActionBatch) -> torch.Tensor | None:
+        """MSE of the simulator state predicted from the state token (the prefix's last position,
+        hidden (B, P + T, d)); None when the model or the batch has no simulator state."""
+        if self.sim_state_head is None or batch.sim_state is None:
+            return None
+        if batch.observation.state is None:
+            raise ValueError("the simulator-state target is read off the state token; the batch has no state")
+        t = batch.actions.shape[1] * (1 if self.flow is not None else self.config.action_dim)
+        predicted = self.sim_state_head(hidden[:, -t - 1])  # (B, E)
+        return torch.nn.functional.mse_loss(predicted.float(), batch.sim_state.float())
 
     # ---- discrete actions -----------------------------------------------------------------------
     def action_embeds(self, bin_tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -182,16 +222,24 @@ class DiffusionVLA(nn.Module):
         valid = ~batch.actions_is_pad  # (B, H)
         if self.flow is not None:
             queries = self.flow.queries.expand(batch.actions.shape[0], -1, -1)  # (B, H, d)
-            cond = self._full_hidden(batch.observation, queries, train=True)
+            hidden = self._full_pass(batch.observation, queries, train=True)  # (B, P + H, d)
+            cond = hidden[:, -queries.shape[1] :]  # (B, H, d)
             loss = self.flow.loss(cond, batch.actions, batch.actions_is_pad, generator)
-            return loss, {"flow_mse": float(loss.detach())}
-        bins = self.action_tokens.encode(batch.actions).flatten(1)  # (B, H*D) in [0, bins)
-        valid = valid.repeat_interleave(self.config.action_dim, dim=1)  # (B, H*D)
-        t = sample_times(bins.shape[0], generator=generator).to(bins.device)
-        noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
-        noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
-        hidden = self._full_hidden(batch.observation, self.action_embeds(noisy), train=True)
-        return masked_diffusion_loss(self.bin_logits(hidden), bins, masked & valid, t, valid)
+            metrics = {"flow_mse": float(loss.detach())}
+        else:
+            bins = self.action_tokens.encode(batch.actions).flatten(1)  # (B, H*D) in [0, bins)
+            valid = valid.repeat_interleave(self.config.action_dim, dim=1)  # (B, H*D)
+            t = sample_times(bins.shape[0], generator=generator).to(bins.device)
+            noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
+            noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
+            hidden = self._full_pass(batch.observation, self.action_embeds(noisy), train=True)
+            logits = self.bin_logits(hidden[:, -bins.shape[1] :])
+            loss, metrics = masked_diffusion_loss(logits, bins, masked & valid, t, valid)
+        aux = self.sim_state_loss(hidden, batch)
+        if aux is not None:
+            loss = loss + self.config.sim_state_weight * aux
+            metrics = {**metrics, "sim_state_mse": float(aux.detach())}
+        return loss, metrics
 
     def compute_vqa_loss(self, batch: VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
         answers = batch.answer_ids  # (B, A)

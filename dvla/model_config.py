@@ -46,6 +46,12 @@ class DiffusionVLAConfig:
     answer_tokens: int = 4
     # Size of the text tokenizer trained on the data when the backbone starts from scratch.
     text_vocab_size: int = 1000
+    # Auxiliary target: the simulator's full state (object and goal positions), predicted from the
+    # backbone's state token in training only; never an input. `dvla train` sets its size from the
+    # data when the dataset has `sim_state_key` (0 = no auxiliary head).
+    sim_state_dim: int = 0
+    # Weight of its mean squared error (on targets normalised to [-1, 1]) in the training loss.
+    sim_state_weight: float = 1.0
 
     def __post_init__(self):
         if self.action_head not in ACTION_HEADS:
@@ -53,5 +59,10 @@ class DiffusionVLAConfig:
         for name in ("chunk_size", "action_dim", "state_dim", "max_text_tokens", "answer_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sim_state_dim < 0 or self.sim_state_weight < 0:
+            raise ValueError(
+                "sim_state_dim and sim_state_weight must be >= 0, "
+                f"got {self.sim_state_dim} and {self.sim_state_weight}"
+            )
         if self.action_bins < 2:
             raise ValueError(f"action_bins must be >= 2, got {self.action_bins}")

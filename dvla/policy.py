@@ -17,6 +17,7 @@ from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model import DiffusionVLA
 from dvla.processor import (
     ACTION_KEY,
+    SIM_STATE_KEY,
     STATE_KEY,
     QuantileNormalizer,
     decode_answers,
@@ -53,6 +54,7 @@ class DiffusionVLAPolicy:
         self.acts = STATE_KEY in stats and ACTION_KEY in stats
         self.state_norm = QuantileNormalizer(stats, STATE_KEY) if self.acts else None
         self.action_norm = QuantileNormalizer(stats, ACTION_KEY) if self.acts else None
+        self.sim_state_norm = QuantileNormalizer(stats, SIM_STATE_KEY) if SIM_STATE_KEY in stats else None
         self.action_cameras = [c for c in model.config.vision.cameras if c != VQA_CAMERA]
         self._queue: deque[torch.Tensor] = deque()
         self.last_forwards = 0  # backbone forwards of the last chunk (prefix pass included)
@@ -90,7 +92,22 @@ class DiffusionVLAPolicy:
         """A collated LeRobotChunks batch (dvla.data) -> the model's training batch."""
         obs = self.observation(sample["images"], sample["task"], sample["state"])
         actions = self.action_norm.normalize(sample["actions"].float()).to(self.device)
-        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device))
+        sim_state = None
+        if "sim_state" in sample:
+            if self.sim_state_norm is None:
+                raise ValueError("the batch has a simulator state but the checkpoint stats have none")
+            sim_state = self.sim_state_norm.normalize(sample["sim_state"].float()).to(self.device)
+        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device), sim_state)
+
+    @torch.no_grad()
+    def predict_sim_state(self, images, texts, state) -> torch.Tensor:
+        """What the model sees of the simulator state (B, E), in the dataset's units (needs a
+        checkpoint trained with dataset.sim_state_key)."""
+        if self.sim_state_norm is None:
+            raise ValueError("this checkpoint was trained without a simulator-state target")
+        self.model.eval()
+        obs = self.observation(images, texts, state)
+        return self.sim_state_norm.unnormalize(self.model.predict_sim_state(obs).float())
 
     def vqa_batch(self, sample: dict) -> VQABatch:
         """A collated VQAScenes batch -> the model's VQA training batch."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# Names of the state and action statistics in a checkpoint (whatever the dataset calls the features).
-STATE_KEY, ACTION_KEY = "observation.state", "action"
+# Names of the state and action statistics in a checkpoint (whatever the dataset calls the features),
+# and of the auxiliary simulator-state target's (see DiffusionVLAConfig.sim_state_dim).
+STATE_KEY, ACTION_KEY, SIM_STATE_KEY = "observation.state", "action", "sim.state"
 
 
 def encode_text(tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

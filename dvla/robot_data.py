@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from dvla.data import LeRobotChunks, LeRobotDataConfig, low_dim_values, stats_of
-from dvla.processor import ACTION_KEY, STATE_KEY
+from dvla.processor import ACTION_KEY, SIM_STATE_KEY, STATE_KEY
 
 
 def dataset_name(config: LeRobotDataConfig) -> str:
@@ -33,12 +33,16 @@ class ConcatChunks(torch.utils.data.ConcatDataset):
         self.tasks = list(dict.fromkeys(task for part in parts for task in part.tasks))
         self.cameras, self.fps = first.cameras, first.fps
         self.state_dim, self.action_dim = first.state_dim, first.action_dim
+        self.sim_state_dim = first.sim_state_dim
         states = [low_dim_values(p.dataset, p.config.state_key) for p in parts]  # [(N_i, S)]
         actions = [low_dim_values(p.dataset, p.config.action_key) for p in parts]  # [(N_i, D)]
         self.stats = {
             STATE_KEY: stats_of(np.concatenate(states)),
             ACTION_KEY: stats_of(np.concatenate(actions)),
         }
+        if self.sim_state_dim:
+            sims = [low_dim_values(p.dataset, p.config.sim_state_key) for p in parts]  # [(N_i, E)]
+            self.stats[SIM_STATE_KEY] = stats_of(np.concatenate(sims))
 
 
 def _check_compatible(first: LeRobotChunks, part: LeRobotChunks) -> None:
@@ -47,6 +51,11 @@ def _check_compatible(first: LeRobotChunks, part: LeRobotChunks) -> None:
         "camera names": (sorted(first.cameras), sorted(part.cameras), "map keys to names with `cameras`"),
         "state dimension": (first.state_dim, part.state_dim, "pick a state_key of the same size"),
         "action dimension": (first.action_dim, part.action_dim, "pick an action_key of the same size"),
+        "simulator state dimension": (
+            first.sim_state_dim,
+            part.sim_state_dim,
+            "give every dataset a sim_state_key of the same size, or none",
+        ),
         "fps": (first.fps, part.fps, "train datasets of different rates in separate runs"),
         "chunk_size": (first.config.chunk_size, part.config.chunk_size, "set the same chunk_size"),
         "image_size": (first.config.image_size, part.config.image_size, "set the same image_size"),

@@ -7,7 +7,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import draccus
@@ -123,6 +123,7 @@ def train(config: TrainConfig) -> TrainResult:
     if state is not None:
         torch.set_rng_state(state["torch_rng"])
     losses: dict[str, float] = {}
+    sim_mse = None  # the auxiliary simulator-state error, when the run has that target
     saved = None
     from tqdm import tqdm
 
@@ -139,9 +140,11 @@ def train(config: TrainConfig) -> TrainResult:
             source, sample = next(batches)
             batch = policy.vqa_batch(sample) if source == VQA else policy.action_batch(sample)
             with accelerator.autocast():
-                loss, _ = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
+                loss, metrics = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
             losses[source] = float(loss.detach())
+            if "sim_state_mse" in metrics:
+                sim_mse = metrics["sim_state_mse"]
         accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
         opt.step()
         schedule.step()
@@ -152,9 +155,13 @@ def train(config: TrainConfig) -> TrainResult:
         rate = samples / (time.perf_counter() - started)
         lr = schedule.get_last_lr()[0]
         shown = {f"{'loss' if k == ROBOT else 'vqa_loss'}": f"{v:.3f}" for k, v in losses.items()}
+        if sim_mse is not None:
+            shown["sim_mse"] = f"{sim_mse:.3f}"
         bar.set_postfix(**shown, lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
         if (step + 1) % config.log_every == 0 and config.trackers:
             logs = {f"train/{k}_loss": v for k, v in losses.items()}
+            if sim_mse is not None:
+                logs["train/sim_state_mse"] = sim_mse
             accelerator.log({**logs, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1)
         done = step + 1
         if accelerator.is_main_process and (done % config.save_every == 0 or done == stop):
@@ -172,15 +179,23 @@ def _new_model(config: TrainConfig, robot, vqa, accelerator):
     from dvla.finetune import init_from_checkpoint
     from dvla.model import DiffusionVLA, TextSpecials
 
+    # the auxiliary simulator-state head is sized by the data (0 = none)
+    sim_state_dim = robot.sim_state_dim if robot else 0
+    if config.model.sim_state_dim not in (0, sim_state_dim):
+        raise ValueError(
+            f"model.sim_state_dim={config.model.sim_state_dim} but the data's simulator state has "
+            f"{sim_state_dim} dimensions; leave model.sim_state_dim unset (it follows dataset.sim_state_key)"
+        )
+    model_config = replace(config.model, sim_state_dim=sim_state_dim)
     if config.init_from:
-        model, tokenizer, report = init_from_checkpoint(config.init_from, config.model)
+        model, tokenizer, report = init_from_checkpoint(config.init_from, model_config)
         accelerator.print(f"init_from {config.init_from}: {report.summary()}")
         return model, tokenizer
     texts = list(robot.tasks) if robot else []
     if vqa is not None:
         texts += [*vqa.data["question"], *vqa.data["answer"]]
     tokenizer = train_text_tokenizer(texts, vocab_size=config.model.text_vocab_size)
-    return DiffusionVLA(config.model, TextSpecials.from_tokenizer(tokenizer)), tokenizer
+    return DiffusionVLA(model_config, TextSpecials.from_tokenizer(tokenizer)), tokenizer
 
 
 def _flat_config(config: TrainConfig) -> dict:
@@ -276,6 +291,11 @@ def _check_fits(config: TrainConfig, robot, vqa, model) -> None:
         raise ValueError(
             f"the dataset has state/action dims {robot.state_dim}/{robot.action_dim}, the model "
             f"{model.config.state_dim}/{model.config.action_dim}: set --model.state_dim/--model.action_dim"
+        )
+    if robot.sim_state_dim != model.config.sim_state_dim:
+        raise ValueError(
+            f"the dataset's simulator state has {robot.sim_state_dim} dimensions, the model's auxiliary "
+            f"head {model.config.sim_state_dim}: resume with the dataset.sim_state_key the run started with"
         )
     chunk_size = config.robot_datasets[0].chunk_size
     if chunk_size != model.config.chunk_size:

@@ -50,10 +50,15 @@ def prepare_root(root: Path, resume: bool, overwrite: bool) -> bool:
     return True
 
 
+# Settings added after the first release, with the value that collections made before them had.
+SPEC_DEFAULTS_BEFORE = {"sim_state": False}
+
+
 def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str) -> None:
+    saved = {**SPEC_DEFAULTS_BEFORE, **saved}
     now = json.loads(json.dumps(asdict(spec)))
     if saved != now:
-        diff = {k: (v, now.get(k)) for k, v in saved.items() if v != now.get(k)}
+        diff = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
         raise ValueError(
             f"--resume with different settings than the {what} (saved, now): {diff}. "
             "Rerun with the original settings, or use --overwrite or another --root."

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dvla.sim.recording import FrameError, PartWriter, image_key, metaworld_features
+from dvla.sim.recording import SIM_STATE_KEY, FrameError, PartWriter, image_key, metaworld_features
 
 LOCK_FILE = "lock"
 
@@ -28,9 +28,10 @@ class MetaWorldCollectSpec:
     use_videos: bool
     shadow_size: int
     max_episode_steps: int
+    sim_state: bool = True
 
 
-def run_expert_episode(env, expert, seed: int) -> tuple[list[dict], bool]:
+def run_expert_episode(env, expert, seed: int, sim_state: bool = True) -> tuple[list[dict], bool]:
     """Roll the scripted expert out from `reset(seed)` until the first success or the step limit.
 
     Returns the frames (observation, the action taken, the reward and success that followed) and
@@ -39,10 +40,13 @@ def run_expert_episode(env, expert, seed: int) -> tuple[list[dict], bool]:
     obs, _ = env.reset(seed=seed)
     frames = []
     for _ in range(env.config.max_episode_steps):
+        raw_obs = env.raw_obs.astype(np.float32)
         action = expert(env.raw_obs)
         next_obs, reward, terminated, truncated, info = env.step(action)
         frame = {image_key(c): img for c, img in obs["images"].items()}
         frame["observation.state"] = obs["state"]
+        if sim_state:
+            frame[SIM_STATE_KEY] = raw_obs
         frame["action"] = action
         frame["next.reward"] = np.array([reward], np.float32)
         frame["next.success"] = np.array([info["success"]], bool)
@@ -90,7 +94,7 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
     lock = (work_dir / LOCK_FILE).open("a")
     fcntl.flock(lock, fcntl.LOCK_SH)  # held until exit: a resume waits for every worker to be gone
     parent = mp.parent_process()
-    features = metaworld_features(spec.cameras, spec.image_size, spec.use_videos)
+    features = metaworld_features(spec.cameras, spec.image_size, spec.use_videos, spec.sim_state)
     env, expert, part = None, None, None
     try:
         while not stop.is_set() and (parent is None or parent.is_alive()):
@@ -107,7 +111,7 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
                     if env is not None:
                         env.close()
                     env, expert = _make_env(spec, task)
-                frames, success = run_expert_episode(env, expert, seed)
+                frames, success = run_expert_episode(env, expert, seed, spec.sim_state)
             except Exception as exc:  # an unstable simulation or a failing expert: a failed episode
                 frames, success, error = [], False, f"{type(exc).__name__}: {exc}"
             if success:

@@ -19,6 +19,7 @@ from dvla.sim.rendering import CORNER2_POS, CameraRenderer
 from dvla.sim.tasks import MT1_SEED, check_tasks, task_description
 
 STATE_DIM = 4
+SIM_STATE_DIM = 39  # MetaWorld's observation: hand, gripper, 2 object poses, the same a step earlier, goal
 ACTION_DIM = 4
 CAMERAS = ("corner2", "topview", "behindGripper", "gripperPOV", "corner", "corner3")
 

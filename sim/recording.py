@@ -16,10 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from dvla.sim.metaworld_env import ACTION_DIM, STATE_DIM
+from dvla.sim.metaworld_env import ACTION_DIM, SIM_STATE_DIM, STATE_DIM
 
 PART_MANIFEST = "part.json"
 ROBOT_TYPE = "sawyer"
+# MetaWorld's full 39-D observation (hand, object poses, goal). Deliberately not under "observation.":
+# lerobot policies would take it as an input there, and the real env gives policies no such thing.
+# dvla can learn to predict it from the cameras, as an auxiliary training target
+# (`--dataset.sim_state_key sim.state --model.sim_state_weight W`).
+SIM_STATE_KEY = "sim.state"
 # Frames lerobot's streaming video encoder may buffer per camera: more than the longest episode (500).
 ENCODER_QUEUE_FRAMES = 1024
 # torchcodec needs system FFmpeg libraries and otherwise prints a long traceback before lerobot falls
@@ -32,8 +37,8 @@ def image_key(camera: str) -> str:
     return f"observation.images.{camera}"
 
 
-def metaworld_features(cameras: list[str], image_size: int, use_videos: bool) -> dict:
-    """LeRobot feature spec of a MetaWorld collection."""
+def metaworld_features(cameras: list[str], image_size: int, use_videos: bool, sim_state: bool = True) -> dict:
+    """LeRobot feature spec of a MetaWorld collection (with SIM_STATE_KEY when `sim_state`)."""
     image_dtype = "video" if use_videos else "image"
     features = {
         image_key(c): {
@@ -49,6 +54,8 @@ def metaworld_features(cameras: list[str], image_size: int, use_videos: bool) ->
         "names": ["hand_x", "hand_y", "hand_z", "gripper"],
     }
     features["action"] = {"dtype": "float32", "shape": (ACTION_DIM,), "names": ["dx", "dy", "dz", "grip"]}
+    if sim_state:
+        features[SIM_STATE_KEY] = {"dtype": "float32", "shape": (SIM_STATE_DIM,), "names": None}
     features["next.reward"] = {"dtype": "float32", "shape": (1,), "names": None}
     features["next.success"] = {"dtype": "bool", "shape": (1,), "names": None}
     return features

@@ -43,6 +43,26 @@ def test_dataset_loads_offline_with_lerobot(tiny_dataset):
         assert flags[-1] and not flags[:-1].any()
 
 
+def test_sim_state_is_recorded_but_no_policy_input(tiny_dataset):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.utils.feature_utils import dataset_to_policy_features
+
+    from dvla.sim.recording import SIM_STATE_KEY
+
+    root, _ = tiny_dataset
+    ds = LeRobotDataset("local/tiny", root=root, video_backend="pyav")
+    sim = np.asarray(ds.hf_dataset[SIM_STATE_KEY], np.float32)  # (N, 39)
+    state = np.asarray(ds.hf_dataset["observation.state"], np.float32)  # (N, 4)
+    assert sim.shape == (len(ds), 39)
+    np.testing.assert_array_equal(sim[:, :4], state)  # MetaWorld's observation starts with hand + gripper
+    episode = np.asarray(ds.hf_dataset["episode_index"])
+    reach = [e for e in range(4) if ds.meta.episodes[e]["tasks"] == ["Reach a goal position"]]
+    goals = [sim[episode == e, 36:] for e in reach]  # the goal: fixed within an episode, new per seed
+    assert all(np.ptp(g, axis=0).max() == 0 for g in goals) and not np.allclose(goals[0][0], goals[1][0])
+    # lerobot policies (ACT, Diffusion Policy) take no input from it
+    assert SIM_STATE_KEY not in dataset_to_policy_features(ds.meta.features)
+
+
 def test_videos_hold_every_frame_and_a_gap_is_caught(tiny_dataset, tmp_path):
     from dvla.sim.recording import check_video_frames
 
@@ -136,14 +156,17 @@ def test_an_expert_that_never_succeeds_is_a_clear_error(tmp_path):
         collect_metaworld(tmp_path / "never", spec)
 
 
-def test_png_frames_instead_of_videos(tmp_path):
+def test_png_frames_instead_of_videos_and_no_sim_state(tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     root = tmp_path / "png"
-    spec = tiny_spec(tasks=["reach-v3"], episodes=1, cameras=["topview"], image_size=32, use_videos=False)
+    spec = tiny_spec(
+        tasks=["reach-v3"], episodes=1, cameras=["topview"], image_size=32, use_videos=False, sim_state=False
+    )
     collect_metaworld(root, spec)
     ds = LeRobotDataset("local/png", root=root)
     assert ds.meta.features["observation.images.topview"]["dtype"] == "image"
+    assert "sim.state" not in ds.meta.features
     assert not (root / "videos").exists()
     assert ds[0]["observation.images.topview"].shape == (3, 32, 32)
 

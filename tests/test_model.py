@@ -153,6 +153,31 @@ def test_flow_model_overfits_four_chunks():
     assert (actions - data.actions).abs().mean() < 0.1
 
 
+@pytest.mark.parametrize("head", ["discrete", "flow"])
+def test_sim_state_target_adds_its_weighted_error_and_trains_the_cameras(head):
+    torch.manual_seed(0)
+    model = tiny_vla(head, sim_state_dim=6, sim_state_weight=0.5)
+    data = batch()
+    plain, _ = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    data.sim_state = torch.rand(3, 6) * 2 - 1
+    loss, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(float(loss - plain), 0.5 * metrics["sim_state_mse"], rtol=1e-4, atol=1e-6)
+    # the auxiliary error alone reaches the vision encoder through the state token
+    aux = loss - plain
+    aux.backward()
+    conv = model.vision.backbone.conv1[0].weight
+    assert conv.grad is not None and conv.grad.abs().sum() > 0
+    # at inference the head reads the same state token from the prefix pass alone
+    model.eval()
+    targets = model.action_embeds(torch.zeros(3, 12, dtype=torch.long))  # (B, H*D, d)
+    hidden = model._full_pass(data.observation, targets, train=False)  # (B, P + 12, d)
+    readout = model.sim_state_head(hidden[:, -13])  # the state token, just before the 12 targets
+    torch.testing.assert_close(model.predict_sim_state(data.observation), readout)
+    assert tiny_vla(head).sim_state_head is None  # no target, no head
+    with pytest.raises(ValueError, match="sim_state_key"):
+        tiny_vla(head).predict_sim_state(data.observation)
+
+
 def test_vqa_answers_through_the_same_backbone():
     torch.manual_seed(0)
     model = tiny_vla(cameras=("scene",))

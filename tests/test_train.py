@@ -66,6 +66,30 @@ def test_mismatched_dataset_and_model_fail_clearly(tiny_dataset, tmp_path):
         train(config)
 
 
+def test_sim_state_target_sizes_a_training_only_head(tiny_dataset, tmp_path):
+    from dvla.policy import DiffusionVLAPolicy
+    from dvla.processor import SIM_STATE_KEY
+
+    root, _ = tiny_dataset
+    dataset = LeRobotDataConfig(root=str(root), chunk_size=4, image_size=32, sim_state_key="sim.state")
+    result = train(tiny_train_config(root, tmp_path / "aux", steps=2, dataset=dataset))
+    model, tokenizer, stats = load_checkpoint(result.checkpoint)
+    assert model.config.sim_state_dim == 39 and model.sim_state_head is not None
+    assert len(stats[SIM_STATE_KEY]["q99"]) == 39
+    # acting needs no simulator state
+    policy = DiffusionVLAPolicy(model, tokenizer, stats)
+    sample = LeRobotChunks(LeRobotDataConfig(root=str(root), chunk_size=4, image_size=32))[0]
+    images = {name: image[None] for name, image in sample["images"].items()}
+    assert policy.select_action(images, [sample["task"]], sample["state"][None]).shape == (1, 4)
+    missing = LeRobotDataConfig(root=str(root), chunk_size=4, image_size=32, sim_state_key="sim.goal")
+    with pytest.raises(ValueError, match="dataset.sim_state_key"):
+        train(tiny_train_config(root, tmp_path / "bad", steps=1, dataset=missing))
+    config = tiny_train_config(root, tmp_path / "bad", steps=1, dataset=dataset)
+    config.model.sim_state_dim = 5
+    with pytest.raises(ValueError, match="leave model.sim_state_dim unset"):
+        train(config)
+
+
 def test_batch_order_depends_only_on_seed_and_position():
     full = ResumableBatchSampler(10, 3, seed=1)
     first = [b for _, b in zip(range(7), iter(full), strict=False)]

@@ -1,0 +1,106 @@
+"""Does the model see where the goal is? The simulator-state head's reading at the first frame.
+
+    python benchmarks/probe_sim_state.py --checkpoint outputs/train/mt3_sim --task reach-v3 \
+        [--seeds 1000-1019] [--out outputs/bench/probe_reach.json]
+
+For a checkpoint trained with `--dataset.sim_state_key sim.state`: resets the task at each seed,
+renders the first frame, and compares the head's reading of the goal and the first object with the
+simulator's (distance in cm), next to the error of always answering the training mean. At the first
+frame the arm has not moved yet, so the hand position gives nothing away: the goal can only come
+from the cameras. Prints a markdown table and saves JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dvla.policy import DiffusionVLAPolicy
+from dvla.processor import SIM_STATE_KEY
+from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
+from dvla.sim.tasks import check_tasks
+
+# Slices of MetaWorld's 39-D observation (see dvla.sim.metaworld_env.SIM_STATE_DIM).
+PARTS = {"first object": slice(4, 7), "goal": slice(36, 39)}
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'1000-1019' or '3,5,8' -> seeds."""
+    if "-" in text:
+        first, last = (int(x) for x in text.split("-"))
+        if last < first:
+            raise ValueError(f"--seeds {text}: the range ends before it starts")
+        return list(range(first, last + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def probe(checkpoint: str, task: str, seeds: list[int]) -> dict:
+    check_tasks([task])
+    policy = DiffusionVLAPolicy.from_pretrained(checkpoint)
+    if policy.sim_state_norm is None:
+        raise SystemExit(f"{checkpoint} was trained without --dataset.sim_state_key: nothing to probe")
+    cameras = policy.action_cameras
+    env = MetaWorldEnv(
+        MetaWorldEnvConfig(task=task, cameras=cameras, image_size=policy.model.config.vision.image_size)
+    )
+    mean = np.asarray(policy.stats[SIM_STATE_KEY]["mean"])
+    errors = {part: [] for part in PARTS}
+    baseline = {part: [] for part in PARTS}
+    try:
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                read = policy.predict_sim_state(images, [obs["task"]], torch.from_numpy(obs["state"])[None])
+            read = read[0].numpy()  # (39,)
+            for part, dims in PARTS.items():
+                errors[part].append(float(np.linalg.norm(read[dims] - env.raw_obs[dims]) * 100))
+                baseline[part].append(float(np.linalg.norm(mean[dims] - env.raw_obs[dims]) * 100))
+    finally:
+        env.close()
+    return {
+        "checkpoint": checkpoint,
+        "task": task,
+        "seeds": seeds,
+        "cm": {
+            part: {
+                "head_mean": float(np.mean(errors[part])),
+                "head_median": float(np.median(errors[part])),
+                "training_mean_answer": float(np.mean(baseline[part])),
+                "per_seed": errors[part],
+            }
+            for part in PARTS
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--checkpoint", required=True, help="a dvla checkpoint or run folder")
+    parser.add_argument("--task", default="reach-v3")
+    parser.add_argument("--seeds", default="1000-1019", help="a range a-b or a comma list")
+    parser.add_argument("--out", default=None, help="JSON output (default outputs/bench/probe_<task>.json)")
+    args = parser.parse_args()
+    result = probe(args.checkpoint, args.task, parse_seeds(args.seeds))
+    print(f"{args.task}, first frame of seeds {args.seeds}, {args.checkpoint}\n")
+    print("| part | head: mean error | head: median | always the training mean |")
+    print("| --- | ---: | ---: | ---: |")
+    for part, row in result["cm"].items():
+        print(
+            f"| {part} | {row['head_mean']:.1f} cm | {row['head_median']:.1f} cm "
+            f"| {row['training_mean_answer']:.1f} cm |"
+        )
+    out = Path(args.out or f"outputs/bench/probe_{args.task}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nsaved {out}")
+
+
+if __name__ == "__main__":
+    main()
