@@ -5,9 +5,10 @@
 
 For a checkpoint trained with `--dataset.sim_state_key sim.state`: resets the task at each seed,
 renders the first frame, and compares the head's reading of the goal and the first object with the
-simulator's (distance in cm), next to the error of always answering the training mean. At the first
-frame the arm has not moved yet, so the hand position gives nothing away: the goal can only come
-from the cameras. Prints a markdown table and saves JSON.
+simulator's (distance in cm), next to the best blind answer: one constant for every seed, the mean
+of the true positions over the probed seeds. A head that does not beat it sees nothing of the
+target. At the first frame the arm has not moved, so the hand position gives nothing away: the goal
+can only come from the cameras. Prints a markdown table and saves JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import numpy as np
 import torch
 
 from dvla.policy import DiffusionVLAPolicy
-from dvla.processor import SIM_STATE_KEY
 from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from dvla.sim.tasks import check_tasks
 
@@ -47,31 +47,32 @@ def probe(checkpoint: str, task: str, seeds: list[int]) -> dict:
     env = MetaWorldEnv(
         MetaWorldEnvConfig(task=task, cameras=cameras, image_size=policy.model.config.vision.image_size)
     )
-    mean = np.asarray(policy.stats[SIM_STATE_KEY]["mean"])
-    errors = {part: [] for part in PARTS}
-    baseline = {part: [] for part in PARTS}
+    read, true = [], []
     try:
         for seed in seeds:
             obs, _ = env.reset(seed=seed)
             images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                read = policy.predict_sim_state(images, [obs["task"]], torch.from_numpy(obs["state"])[None])
-            read = read[0].numpy()  # (39,)
-            for part, dims in PARTS.items():
-                errors[part].append(float(np.linalg.norm(read[dims] - env.raw_obs[dims]) * 100))
-                baseline[part].append(float(np.linalg.norm(mean[dims] - env.raw_obs[dims]) * 100))
+                reading = policy.predict_sim_state(
+                    images, [obs["task"]], torch.from_numpy(obs["state"])[None]
+                )
+            read.append(reading[0].numpy())  # (39,)
+            true.append(env.raw_obs.copy())
     finally:
         env.close()
+    read, true = np.stack(read), np.stack(true)  # (seeds, 39)
+    errors = {part: np.linalg.norm(read[:, d] - true[:, d], axis=1) * 100 for part, d in PARTS.items()}
+    blind = {part: np.linalg.norm(true[:, d].mean(0) - true[:, d], axis=1) * 100 for part, d in PARTS.items()}
     return {
         "checkpoint": checkpoint,
         "task": task,
         "seeds": seeds,
         "cm": {
             part: {
-                "head_mean": float(np.mean(errors[part])),
+                "head_mean": float(errors[part].mean()),
                 "head_median": float(np.median(errors[part])),
-                "training_mean_answer": float(np.mean(baseline[part])),
-                "per_seed": errors[part],
+                "blind_constant": float(blind[part].mean()),
+                "per_seed": errors[part].round(2).tolist(),
             }
             for part in PARTS
         },
@@ -89,12 +90,12 @@ def main() -> None:
     args = parser.parse_args()
     result = probe(args.checkpoint, args.task, parse_seeds(args.seeds))
     print(f"{args.task}, first frame of seeds {args.seeds}, {args.checkpoint}\n")
-    print("| part | head: mean error | head: median | always the training mean |")
+    print("| part | head: mean error | head: median | blind: one constant for all seeds |")
     print("| --- | ---: | ---: | ---: |")
     for part, row in result["cm"].items():
         print(
             f"| {part} | {row['head_mean']:.1f} cm | {row['head_median']:.1f} cm "
-            f"| {row['training_mean_answer']:.1f} cm |"
+            f"| {row['blind_constant']:.1f} cm |"
         )
     out = Path(args.out or f"outputs/bench/probe_{args.task}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,8 @@ class CollectConfig:
     # Shadow map size; 0 = no shadows (4x faster rendering on a CPU).
     shadow_size: int = 0
     # Also record MetaWorld's full 39-D observation (object and goal positions) as `sim.state`: no
-    # policy input, but a target dvla can learn to predict from the cameras (--model.sim_state_weight).
+    # policy input, but a target dvla can learn to predict from the cameras (dvla train
+    # --dataset.sim_state_key sim.state).
     sim_state: bool = True
     # Step limit per expert episode (MetaWorld allows 500).
     max_episode_steps: int = 500

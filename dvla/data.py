@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dvla.processor import ACTION_KEY, SIM_STATE_KEY, STATE_KEY
+from dvla.processor import ACTION_KEY, SIM_STATE_KEY, SIM_STATE_MIN_SPAN, STATE_KEY
 from dvla.sim.recording import VIDEO_BACKEND
 
 STAT_QUANTILES = {"q01": 0.01, "q99": 0.99}
@@ -106,9 +106,11 @@ class LeRobotChunks(torch.utils.data.Dataset):
             roles.append(("sim_state", config.sim_state_key))
         for role, key in roles:
             if key not in features:
+                fix = f"Set dataset.{role}_key."
+                if role == "sim_state":
+                    fix += " `dvla collect` records sim.state since it exists; re-record, or drop the key."
                 raise ValueError(
-                    f"the dataset has no {role} feature {key!r}; its features are {sorted(features)}. "
-                    f"Set dataset.{role}_key."
+                    f"the dataset has no {role} feature {key!r}; its features are {sorted(features)}. {fix}"
                 )
         self.cameras = resolve_cameras(config, features)
         self.fps = meta.fps
@@ -195,7 +197,15 @@ def low_dim_stats(
         ACTION_KEY: stats_of(low_dim_values(dataset, action_key)),
     }
     if sim_state_key:
-        stats[SIM_STATE_KEY] = stats_of(low_dim_values(dataset, sim_state_key))
+        stats[SIM_STATE_KEY] = sim_state_stats(low_dim_values(dataset, sim_state_key))
+    return stats
+
+
+def sim_state_stats(values: np.ndarray) -> dict[str, np.ndarray]:
+    """stats_of (N, E) simulator states, with q99 raised to at least q01 + SIM_STATE_MIN_SPAN: the
+    checkpoint keeps the widened range, so the target is normalised the same way wherever it is read."""
+    stats = stats_of(values)
+    stats["q99"] = np.maximum(stats["q99"], stats["q01"] + SIM_STATE_MIN_SPAN)
     return stats
 
 

@@ -237,8 +237,8 @@ class DiffusionVLA(nn.Module):
             loss, metrics = masked_diffusion_loss(logits, bins, masked & valid, t, valid)
         aux = self.sim_state_loss(hidden, batch)
         if aux is not None:
+            metrics = {**metrics, "action_loss": float(loss.detach()), "sim_state_mse": float(aux.detach())}
             loss = loss + self.config.sim_state_weight * aux
-            metrics = {**metrics, "sim_state_mse": float(aux.detach())}
         return loss, metrics
 
     def compute_vqa_loss(self, batch: VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:

@@ -8,6 +8,9 @@ import torch
 # Names of the state and action statistics in a checkpoint (whatever the dataset calls the features),
 # and of the auxiliary simulator-state target's (see DiffusionVLAConfig.sim_state_dim).
 STATE_KEY, ACTION_KEY, SIM_STATE_KEY = "observation.state", "action", "sim.state"
+# Narrowest q01-q99 range of a simulator-state dimension (metres for positions): a narrower one is
+# solver noise (a resting puck's quaternion wobbles by 1e-4) that must not become a full-scale target.
+SIM_STATE_MIN_SPAN = 0.05
 
 
 def encode_text(tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dvla.data import LeRobotChunks, LeRobotDataConfig, low_dim_values, stats_of
+from dvla.data import LeRobotChunks, LeRobotDataConfig, low_dim_values, sim_state_stats, stats_of
 from dvla.processor import ACTION_KEY, SIM_STATE_KEY, STATE_KEY
 
 
@@ -42,7 +42,7 @@ class ConcatChunks(torch.utils.data.ConcatDataset):
         }
         if self.sim_state_dim:
             sims = [low_dim_values(p.dataset, p.config.sim_state_key) for p in parts]  # [(N_i, E)]
-            self.stats[SIM_STATE_KEY] = stats_of(np.concatenate(sims))
+            self.stats[SIM_STATE_KEY] = sim_state_stats(np.concatenate(sims))
 
 
 def _check_compatible(first: LeRobotChunks, part: LeRobotChunks) -> None:

@@ -142,7 +142,8 @@ def train(config: TrainConfig) -> TrainResult:
             with accelerator.autocast():
                 loss, metrics = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
-            losses[source] = float(loss.detach())
+            # the action (or answer) loss alone, comparable with runs without an auxiliary target
+            losses[source] = metrics.get("action_loss", float(loss.detach()))
             if "sim_state_mse" in metrics:
                 sim_mse = metrics["sim_state_mse"]
         accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)

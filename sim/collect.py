@@ -54,15 +54,27 @@ def prepare_root(root: Path, resume: bool, overwrite: bool) -> bool:
 SPEC_DEFAULTS_BEFORE = {"sim_state": False}
 
 
-def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str) -> None:
+def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finished: bool = False) -> bool:
+    """Raise unless `spec` matches the saved one. Returns True when a finished collection only lacks
+    settings added after it was recorded: it is then kept as it is."""
+    older = sorted(k for k in SPEC_DEFAULTS_BEFORE if k not in saved)
     saved = {**SPEC_DEFAULTS_BEFORE, **saved}
     now = json.loads(json.dumps(asdict(spec)))
-    if saved != now:
-        diff = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
+    diff = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
+    if not diff:
+        return False
+    if set(diff) <= set(older):
+        flags = " ".join(f"--{k} {str(saved[k]).lower()}" for k in diff)
+        if finished:
+            return True
         raise ValueError(
-            f"--resume with different settings than the {what} (saved, now): {diff}. "
-            "Rerun with the original settings, or use --overwrite or another --root."
+            f"the {what} was recorded before {sorted(diff)} existed: add `{flags}` to resume it, "
+            "or use --overwrite to record it again with them"
         )
+    raise ValueError(
+        f"--resume with different settings than the {what} (saved, now): {diff}. "
+        "Rerun with the original settings, or use --overwrite or another --root."
+    )
 
 
 def _load_state(work: Path, spec: MetaWorldCollectSpec) -> float:
@@ -129,7 +141,11 @@ def collect_metaworld(
     report_path = root / "meta" / REPORT_FILE
     if resumed and not work.exists() and report_path.exists():
         report = json.loads(report_path.read_text())
-        _check_same_spec(report["spec"], spec, "finished collection")
+        if _check_same_spec(report["spec"], spec, "finished collection", finished=True):
+            print(
+                f"note: {root} was recorded before sim.state existed and is kept without it "
+                "(--overwrite records it again with sim.state)"
+            )
         print(f"{root} is already a complete collection; nothing to do.")
         return report
     elapsed_before = _load_state(work, spec) if resumed else 0.0

@@ -118,7 +118,7 @@ def test_chunks_shapes_padding_and_stats(tiny_dataset):
 
 def test_frame_cache_matches_video_decoding(tiny_dataset):
     root, _ = tiny_dataset
-    config = dict(root=str(root), chunk_size=8, image_size=32)
+    config = dict(root=str(root), chunk_size=8, image_size=32, sim_state_key="sim.state")
     plain = LeRobotChunks(LeRobotDataConfig(**config))
     cached = LeRobotChunks(LeRobotDataConfig(**config, cache_frames=True))
     end = int(plain.dataset.meta.episodes[0]["dataset_to_index"])
@@ -128,7 +128,7 @@ def test_frame_cache_matches_video_decoding(tiny_dataset):
         for camera in ("corner2", "gripperPOV"):
             atol = 0.5 / 255 + 1e-6  # uint8 rounding of the resized frame
             torch.testing.assert_close(a["images"][camera], b["images"][camera], atol=atol, rtol=0)
-        for key in ("state", "actions", "actions_is_pad"):
+        for key in ("state", "actions", "actions_is_pad", "sim_state"):
             torch.testing.assert_close(a[key], b[key])
 
 
@@ -226,11 +226,24 @@ def test_resume_after_interruption_keeps_finished_episodes(tmp_path):
     assert not (root / WORK_DIR).exists()
 
 
+def test_a_collection_recorded_before_sim_state_is_kept_or_resumed_without_it():
+    from dvla.sim.collect import _check_same_spec
+
+    old = {k: v for k, v in json.loads(json.dumps(vars(tiny_spec()))).items() if k != "sim_state"}
+    assert _check_same_spec(old, tiny_spec(), "finished collection", finished=True)  # kept as it is
+    with pytest.raises(ValueError, match="--sim_state false"):
+        _check_same_spec(old, tiny_spec(), "interrupted run")
+    assert not _check_same_spec(old, tiny_spec(sim_state=False), "interrupted run")
+    with pytest.raises(ValueError, match="different settings"):
+        _check_same_spec(old, tiny_spec(image_size=48), "finished collection", finished=True)
+
+
 def test_bad_frames_are_rejected_with_a_clear_message():
     features = metaworld_features(["corner2"], 32, use_videos=True)
     good = {
         "observation.images.corner2": np.zeros((32, 32, 3), np.uint8),
         "observation.state": np.zeros(4, np.float32),
+        "sim.state": np.zeros(39, np.float32),
         "action": np.zeros(4, np.float32),
         "next.reward": np.zeros(1, np.float32),
         "next.success": np.zeros(1, bool),
@@ -240,6 +253,7 @@ def test_bad_frames_are_rejected_with_a_clear_message():
     cases = {
         "NaN or inf": {"action": np.array([0, np.nan, 0, 0], np.float32)},
         "shape": {"observation.state": np.zeros(5, np.float32)},
+        "contains NaN": {"sim.state": np.full(39, np.inf, np.float32)},
         "dtype": {"action": np.zeros(4, np.float64)},
         "uint8": {"observation.images.corner2": np.zeros((32, 32, 3), np.float32)},
         "numpy array": {"next.reward": [0.0]},

@@ -162,6 +162,12 @@ def test_sim_state_target_adds_its_weighted_error_and_trains_the_cameras(head):
     data.sim_state = torch.rand(3, 6) * 2 - 1
     loss, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(float(loss - plain), 0.5 * metrics["sim_state_mse"], rtol=1e-4, atol=1e-6)
+    # the error is read at the state token, not at a target token (whose state depends on the
+    # targets): a reference pass with 12 other target tokens, whose state token is at -13
+    others = model.action_embeds(torch.zeros(3, 12, dtype=torch.long))  # (B, 12, d)
+    state_token = model._full_pass(data.observation, others, train=True)[:, -13]  # (B, d)
+    reference = torch.nn.functional.mse_loss(model.sim_state_head(state_token), data.sim_state)
+    assert metrics["sim_state_mse"] == pytest.approx(float(reference), rel=1e-4)
     # the auxiliary error alone reaches the vision encoder through the state token
     aux = loss - plain
     aux.backward()
