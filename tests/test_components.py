@@ -6,6 +6,7 @@ import torch
 from dvla.action_head import ActionTokenizer, FlowHeadConfig, FlowMatchingHead
 from dvla.backbone.tokenizer import train_text_tokenizer
 from dvla.vision import VisionConfig, VisionEncoder, random_shift
+from dvla.vision.encoder import SpatialSoftmaxKeypoints
 
 
 @pytest.mark.parametrize(
@@ -33,6 +34,37 @@ def test_vision_encoder_shapes(model_name, kwargs, tokens):
     assert front_only.shape == (2, k, 24)
     with pytest.raises(ValueError, match="encoder knows"):
         encoder({"side": images["front"]})
+
+
+@pytest.mark.parametrize(
+    ("model_name", "kwargs"), [("resnet10t", {}), ("vit_tiny_patch16_224", {"img_size": 64})]
+)
+def test_keypoint_tokens_follow_each_cameras_cell_tokens(model_name, kwargs):
+    config = VisionConfig(
+        model_name=model_name,
+        image_size=64,
+        tokens_per_camera=4,
+        cameras=["a", "b"],
+        keypoints=3,
+        timm_kwargs=kwargs,
+    )
+    encoder = VisionEncoder(config, out_dim=24)
+    out = encoder({"a": torch.rand(2, 3, 64, 64), "b": torch.rand(2, 3, 64, 64)}, train=True)
+    assert out.shape == (2, 2 * (4 + 3), 24) and torch.isfinite(out).all()
+
+
+def test_spatial_softmax_finds_the_cell_that_lights_up():
+    keypoints = SpatialSoftmaxKeypoints(channels=5, count=1, out_dim=8)
+    with torch.no_grad():
+        keypoints.logits.weight.zero_()
+        keypoints.logits.weight[0, 2] = 1.0  # the keypoint follows channel 2
+        keypoints.logits.bias.zero_()
+    cells = torch.zeros(1, 16, 5)  # a 4 x 4 grid in row order
+    cells[0, 1 * 4 + 3, 2] = 40.0  # row 1, column 3
+    xy = keypoints.coordinates(cells)[0, 0]
+    torch.testing.assert_close(xy, torch.tensor([1.0, -1 / 3]), atol=1e-4, rtol=0)  # x right, y down
+    with pytest.raises(ValueError, match="square"):
+        keypoints.coordinates(torch.zeros(1, 12, 5))
 
 
 def test_cameras_are_told_apart():

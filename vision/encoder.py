@@ -1,4 +1,4 @@
-"""A thin adapter over timm: camera images -> K tokens per camera at the backbone's width."""
+"""A thin adapter over timm: camera images -> K (+ P keypoint) tokens per camera at the backbone's width."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ class VisionConfig:
     cameras: list[str] = field(default_factory=lambda: ["corner2"])
     # Random-shift augmentation in training: pad by this fraction of the size, crop back (DrQ).
     shift_fraction: float = 0.06
+    # Spatial-softmax keypoints per camera (0 = none): each is a learned map over the feature grid
+    # whose expected (x, y) becomes one more token, so exact image positions reach the backbone
+    # (as in Levine et al. 2016 and Diffusion Policy) rather than only pooled cell features.
+    keypoints: int = 0
     # Extra keyword arguments for timm.create_model (only those in ALLOWED_TIMM_KWARGS), e.g.
     # {output_stride: 16} for a CNN's 2x finer feature grid (8 x 8 at 128 px; set tokens_per_camera
     # to 64 or null to keep the cells apart).
@@ -45,12 +49,14 @@ class VisionConfig:
             raise ValueError(f"cameras must be non-empty and unique, got {self.cameras}")
         if self.tokens_per_camera is not None and self.tokens_per_camera < 1:
             raise ValueError(f"tokens_per_camera must be >= 1, got {self.tokens_per_camera}")
+        if self.keypoints < 0:
+            raise ValueError(f"keypoints must be >= 0, got {self.keypoints}")
         if not 0.0 <= self.shift_fraction < 0.5:
             raise ValueError(f"shift_fraction must be in [0, 0.5), got {self.shift_fraction}")
 
 
 class VisionEncoder(nn.Module):
-    """images {camera: (B, 3, H, W) in [0, 1]} -> tokens (B, n_cameras * K, out_dim)."""
+    """images {camera: (B, 3, H, W) in [0, 1]} -> tokens (B, n_cameras * (K + P), out_dim)."""
 
     def __init__(self, config: VisionConfig, out_dim: int):
         super().__init__()
@@ -76,6 +82,9 @@ class VisionEncoder(nn.Module):
         self.tokens_per_camera = config.tokens_per_camera or self._count_tokens()
         self.token_embed = nn.Parameter(torch.zeros(self.tokens_per_camera, out_dim))
         nn.init.normal_(self.token_embed, std=0.02)
+        self.keypoints = (
+            SpatialSoftmaxKeypoints(width, config.keypoints, out_dim) if config.keypoints else None
+        )
 
     def _count_tokens(self) -> int:
         with torch.no_grad():
@@ -128,12 +137,42 @@ class VisionEncoder(nn.Module):
         if len(set(sizes.values())) > 1:
             raise ValueError(f"every camera needs the same batch size, got {sizes}")
         pixels = torch.cat([self.preprocess(images[c], train) for _, c in present])  # (n*B, 3, S, S)
-        features = self._pooled(self._features(pixels.contiguous(memory_format=torch.channels_last)))
-        projected = self.projector(features)  # (n*B, K, d)
+        cells = self._features(pixels.contiguous(memory_format=torch.channels_last))  # (n*B, N, C)
+        projected = self.projector(self._pooled(cells))  # (n*B, K, d)
+        if self.keypoints is not None:
+            projected = torch.cat([projected, self.keypoints(cells)], dim=1)  # (n*B, K + P, d)
         tokens = []
-        for (i, _), x in zip(present, projected.chunk(len(present)), strict=True):  # (B, K, d) each
-            tokens.append(x + self.token_embed + self.camera_embed.weight[i])
+        k = self.tokens_per_camera
+        for (i, _), x in zip(present, projected.chunk(len(present)), strict=True):  # (B, K [+ P], d) each
+            x = torch.cat([x[:, :k] + self.token_embed, x[:, k:]], dim=1)  # keypoint tokens carry their own
+            tokens.append(x + self.camera_embed.weight[i])
         return torch.cat(tokens, dim=1)  # (B, n_present * K, d)
+
+
+class SpatialSoftmaxKeypoints(nn.Module):
+    """Feature cells (B, N, C) on a square grid -> P keypoint tokens (B, P, d): a 1x1 map per keypoint,
+    softmax over the cells, the expected (x, y) in [-1, 1], embedded with the keypoint's identity."""
+
+    def __init__(self, channels: int, count: int, out_dim: int):
+        super().__init__()
+        self.logits = nn.Linear(channels, count)
+        self.embed_xy = nn.Sequential(nn.Linear(2, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
+        self.identity = nn.Parameter(torch.zeros(count, out_dim))
+        nn.init.normal_(self.identity, std=0.02)
+
+    def coordinates(self, cells: torch.Tensor) -> torch.Tensor:
+        """(B, N, C) -> expected (x, y) of each keypoint (B, P, 2), x to the right, y down."""
+        side = math.isqrt(cells.shape[1])
+        if side * side != cells.shape[1]:
+            raise ValueError(f"keypoints need a square feature grid, got {cells.shape[1]} cells")
+        axis = torch.linspace(-1, 1, side, device=cells.device)
+        grid = torch.stack(torch.meshgrid(axis, axis, indexing="xy"), dim=-1).reshape(-1, 2)  # (N, 2)
+        attention = self.logits(cells).float().softmax(dim=1)  # (B, N, P), over the cells
+        return attention.transpose(1, 2) @ grid  # (B, P, 2)
+
+    def forward(self, cells: torch.Tensor) -> torch.Tensor:
+        xy = self.coordinates(cells).to(cells.dtype)  # (B, P, 2)
+        return self.embed_xy(xy) + self.identity  # (B, P, d)
 
 
 def random_shift(image: torch.Tensor, pad: int) -> torch.Tensor:
