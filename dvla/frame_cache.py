@@ -45,13 +45,13 @@ class FrameCache:
             columns.append(config.sim_state_key)
         table = dataset.hf_dataset.select_columns(columns).with_format("numpy")[:]
         n = len(table["episode_index"])
-        self.state = torch.from_numpy(np.asarray(table[config.state_key], np.float32).reshape(n, -1))
-        self.sim_state = (
-            torch.from_numpy(np.asarray(table[config.sim_state_key], np.float32).reshape(n, -1))
-            if config.sim_state_key
-            else None
-        )
-        self.actions = torch.from_numpy(np.asarray(table[config.action_key], np.float32).reshape(n, -1))
+
+        def column(key: str) -> torch.Tensor:  # (N, width) float32
+            return torch.from_numpy(np.asarray(table[key], np.float32).reshape(n, -1))
+
+        self.state = column(config.state_key)
+        self.sim_state = column(config.sim_state_key) if config.sim_state_key else None
+        self.actions = column(config.action_key)
         episodes = np.asarray(table["episode_index"])
         starts = np.flatnonzero(np.r_[True, episodes[1:] != episodes[:-1]])  # first frame of each run
         if len(np.unique(episodes[starts])) != len(starts):  # an episode split into several runs

@@ -64,9 +64,9 @@ def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finishe
     if not diff:
         return False
     if set(diff) <= set(older):
-        flags = " ".join(f"--{k} {str(saved[k]).lower()}" for k in diff)
         if finished:
             return True
+        flags = " ".join(f"--{k} {str(saved[k]).lower()}" for k in diff)
         raise ValueError(
             f"the {what} was recorded before {sorted(diff)} existed: add `{flags}` to resume it, "
             "or use --overwrite to record it again with them"
