@@ -114,6 +114,11 @@ class MetaWorldEnv(gym.Env):
         if seed is not None:
             self._env.seed(seed)
         self.raw_obs, _ = self._env.reset()
+        # MetaWorld moves goal markers (model.site_pos) after its last mj_forward of the reset, so the
+        # site positions in `data` are still those of an earlier draw: without this, the first frame
+        # shows e.g. reach's goal dot where it is not. Positions only; the dynamics are untouched.
+        mujoco.mj_kinematics(self._env.model, self._env.data)
+        mujoco.mj_camlight(self._env.model, self._env.data)
         self._steps = 0
         return self._observation(), {"success": False}
 

@@ -37,6 +37,20 @@ def test_reset_seed_places_objects_reproducibly(env):
     assert not np.allclose(first[36:39], other[36:39])  # the goal moved with the seed
 
 
+def test_first_frame_shows_this_seeds_goal(env):
+    """MetaWorld moves the goal marker after the last forward pass of its reset; the first frame
+    must show the marker at this seed's goal, not where an earlier draw of the reset put it."""
+    import mujoco
+
+    obs, _ = env.reset(seed=1001)
+    model, data = env._env.model, env._env.data
+    np.testing.assert_allclose(data.site_xpos[model.site("goal").id], env.raw_obs[36:39], atol=1e-9)
+    mujoco.mj_forward(model, data)  # everything current: the same picture
+    again = env._renderer.render(data)
+    for camera, image in obs["images"].items():
+        np.testing.assert_array_equal(image, again[camera])
+
+
 def test_bad_actions_are_rejected(env):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="shape"):
