@@ -38,7 +38,7 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def probe(checkpoint: str, task: str, seeds: list[int]) -> dict:
+def probe(checkpoint: str, task: str, seeds: list[int], settle: int = 0) -> dict:
     check_tasks([task])
     policy = DiffusionVLAPolicy.from_pretrained(checkpoint)
     if policy.sim_state_norm is None:
@@ -51,6 +51,8 @@ def probe(checkpoint: str, task: str, seeds: list[int]) -> dict:
     try:
         for seed in seeds:
             obs, _ = env.reset(seed=seed)
+            for _ in range(settle):  # still arm: the hand holds its place under a zero action
+                obs, *_ = env.step(np.zeros(4, np.float32))
             images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 reading = policy.predict_sim_state(
@@ -67,6 +69,7 @@ def probe(checkpoint: str, task: str, seeds: list[int]) -> dict:
         "checkpoint": checkpoint,
         "task": task,
         "seeds": seeds,
+        "settle_steps": settle,
         "cm": {
             part: {
                 "head_mean": float(errors[part].mean()),
@@ -86,9 +89,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True, help="a dvla checkpoint or run folder")
     parser.add_argument("--task", default="reach-v3")
     parser.add_argument("--seeds", default="1000-1019", help="a range a-b or a comma list")
+    parser.add_argument(
+        "--settle", type=int, default=0, help="zero-action steps before the reading (default 0: first frame)"
+    )
     parser.add_argument("--out", default=None, help="JSON output (default outputs/bench/probe_<task>.json)")
     args = parser.parse_args()
-    result = probe(args.checkpoint, args.task, parse_seeds(args.seeds))
+    result = probe(args.checkpoint, args.task, parse_seeds(args.seeds), args.settle)
     print(f"{args.task}, first frame of seeds {args.seeds}, {args.checkpoint}\n")
     print("| part | head: mean error | head: median | blind: one constant for all seeds |")
     print("| --- | ---: | ---: | ---: |")

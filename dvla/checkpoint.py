@@ -87,7 +87,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
         raise ValueError(
             f"{path}: checkpoint format {config.get('format_version')}, this dvla reads {FORMAT_VERSION}"
         )
-    model_config = draccus.decode(DiffusionVLAConfig, config["model"])
+    model_fields = config["model"]
+    if model_fields.get("sim_state_dim") and "sim_state_reads" not in model_fields:
+        model_fields = {**model_fields, "sim_state_reads": "state_token"}  # saved before the choice existed
+    model_config = draccus.decode(DiffusionVLAConfig, model_fields)
     if model_config.type != "dvla":
         raise ValueError(f"{path}: a {model_config.type!r} checkpoint, not a dvla one")
     backbone_config = DiffusionLMConfig.from_dict(config["backbone"])

@@ -51,6 +51,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         state_dim=new.state_dim,
         sim_state_dim=new.sim_state_dim,
         sim_state_weight=new.sim_state_weight,
+        sim_state_reads=new.sim_state_reads,
     )
 
 

@@ -25,6 +25,7 @@ from dvla.backbone.modeling import DiffusionLM, KVCache
 from dvla.backbone.schedule import mask_tokens, sample_times
 from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model_config import DiffusionVLAConfig
+from dvla.sim_state_head import VisionStateHead
 from dvla.vision.encoder import VisionEncoder
 
 
@@ -100,18 +101,24 @@ class DiffusionVLA(nn.Module):
             if config.action_head == "flow"
             else None
         )
-        # Auxiliary: the simulator state read off the state token, so that the vision encoder learns to
-        # locate objects and goals (training only; the policy never sees the simulator state).
-        self.sim_state_head = (
-            nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim))
-            if config.sim_state_dim
-            else None
-        )
+        # Auxiliary: the simulator state read off the image tokens (or the state token), so that the
+        # vision encoder learns to locate objects and goals (training only; never a policy input).
+        self.sim_state_head = None
+        if config.sim_state_dim and config.sim_state_reads == "vision":
+            per_camera = self.vision.tokens_per_camera + config.vision.keypoints
+            self.sim_state_head = VisionStateHead(config.vision.cameras, per_camera, d, config.sim_state_dim)
+        elif config.sim_state_dim:
+            self.sim_state_head = nn.Sequential(
+                nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim)
+            )
 
     # ---- prefix ---------------------------------------------------------------------------------
-    def prefix_embeds(self, obs: Observation, train: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefix_embeds(
+        self, obs: Observation, train: bool = False, image_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P, d) embeddings of [images | text | state] and their validity (B, P)."""
-        image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
+        if image_tokens is None:
+            image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
         parts, valid = (
             [image_tokens, text],
@@ -141,12 +148,15 @@ class DiffusionVLA(nn.Module):
     @torch.no_grad()
     def predict_sim_state(self, obs: Observation) -> torch.Tensor:
         """The auxiliary head's reading of the simulator state, (B, E) normalised to [-1, 1]: what
-        the model has learned to see of objects and goals. The state token is the prefix's last
-        position, and the prefix never attends to the target, so this equals the training readout."""
+        the model has learned to see of objects and goals. Read off the image tokens, or off the
+        state token: the prefix's last position, which never attends to the target, so this equals
+        the training readout."""
         if self.sim_state_head is None:
             raise ValueError(
                 "this checkpoint has no simulator-state head; train with --dataset.sim_state_key sim.state"
             )
+        if self.config.sim_state_reads == "vision":
+            return self._read_sim_state(self.vision(obs.images), obs)
         if obs.state is None:
             raise ValueError("the simulator state is read off the state token; give the robot state")
         out, _ = self._prefix_pass(obs)
@@ -165,11 +175,15 @@ class DiffusionVLA(nn.Module):
 
     def _full_hidden(self, obs: Observation, target_embeds: torch.Tensor, train: bool) -> torch.Tensor:
         """Training: prefix and target in one pass with the same layout. Returns target states (B, T, d)."""
-        return self._full_pass(obs, target_embeds, train)[:, -target_embeds.shape[1] :]
+        return self._full_pass(obs, target_embeds, train)[0][:, -target_embeds.shape[1] :]
 
-    def _full_pass(self, obs: Observation, target_embeds: torch.Tensor, train: bool) -> torch.Tensor:
-        """Hidden states of [prefix | target] in one pass: (B, P + T, d)."""
-        prefix, valid = self.prefix_embeds(obs, train=train)
+    def _full_pass(
+        self, obs: Observation, target_embeds: torch.Tensor, train: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states of [prefix | target] in one pass (B, P + T, d), and the image tokens the
+        prefix starts with (B, N, d)."""
+        image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
+        prefix, valid = self.prefix_embeds(obs, image_tokens=image_tokens)
         t = target_embeds.shape[1]
         out = self.backbone(
             inputs_embeds=torch.cat([prefix, target_embeds], dim=1),
@@ -179,17 +193,30 @@ class DiffusionVLA(nn.Module):
             attention_mask=layout.full_mask(valid, t),
             return_logits=False,
         )
-        return out.hidden_states
+        return out.hidden_states, image_tokens
 
-    def sim_state_loss(self, hidden: torch.Tensor, batch: ActionBatch) -> torch.Tensor | None:
-        """MSE of the simulator state predicted from the state token (the prefix's last position,
-        hidden (B, P + T, d)); None when the model or the batch has no simulator state."""
+    def _read_sim_state(self, image_tokens: torch.Tensor, obs: Observation) -> torch.Tensor:
+        """The vision-side head on image tokens (B, N, d) of the cameras in `obs`: (B, E)."""
+        present = [c for c in self.config.vision.cameras if c in obs.images]
+        return self.sim_state_head(image_tokens, present)
+
+    def sim_state_loss(
+        self, hidden: torch.Tensor, image_tokens: torch.Tensor, batch: ActionBatch
+    ) -> torch.Tensor | None:
+        """MSE of the simulator state predicted from the image tokens (B, N, d) or from the state
+        token (the prefix's last position in hidden (B, P + T, d)); None when the model or the batch
+        has no simulator state."""
         if self.sim_state_head is None or batch.sim_state is None:
             return None
-        if batch.observation.state is None:
-            raise ValueError("the simulator-state target is read off the state token; the batch has no state")
-        t = batch.actions.shape[1] * (1 if self.flow is not None else self.config.action_dim)
-        predicted = self.sim_state_head(hidden[:, -t - 1])  # (B, E)
+        if self.config.sim_state_reads == "vision":
+            predicted = self._read_sim_state(image_tokens, batch.observation)  # (B, E)
+        else:
+            if batch.observation.state is None:
+                raise ValueError(
+                    "the simulator-state target is read off the state token; the batch has no state"
+                )
+            t = batch.actions.shape[1] * (1 if self.flow is not None else self.config.action_dim)
+            predicted = self.sim_state_head(hidden[:, -t - 1])  # (B, E)
         return torch.nn.functional.mse_loss(predicted.float(), batch.sim_state.float())
 
     # ---- discrete actions -----------------------------------------------------------------------
@@ -222,7 +249,7 @@ class DiffusionVLA(nn.Module):
         valid = ~batch.actions_is_pad  # (B, H)
         if self.flow is not None:
             queries = self.flow.queries.expand(batch.actions.shape[0], -1, -1)  # (B, H, d)
-            hidden = self._full_pass(batch.observation, queries, train=True)  # (B, P + H, d)
+            hidden, image_tokens = self._full_pass(batch.observation, queries, train=True)  # (B, P + H, d)
             cond = hidden[:, -queries.shape[1] :]  # (B, H, d)
             loss = self.flow.loss(cond, batch.actions, batch.actions_is_pad, generator)
             metrics = {"flow_mse": float(loss.detach())}
@@ -232,10 +259,10 @@ class DiffusionVLA(nn.Module):
             t = sample_times(bins.shape[0], generator=generator).to(bins.device)
             noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
             noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
-            hidden = self._full_pass(batch.observation, self.action_embeds(noisy), train=True)
+            hidden, image_tokens = self._full_pass(batch.observation, self.action_embeds(noisy), train=True)
             logits = self.bin_logits(hidden[:, -bins.shape[1] :])
             loss, metrics = masked_diffusion_loss(logits, bins, masked & valid, t, valid)
-        aux = self.sim_state_loss(hidden, batch)
+        aux = self.sim_state_loss(hidden, image_tokens, batch)
         if aux is not None:
             metrics = {**metrics, "action_loss": float(loss.detach()), "sim_state_mse": float(aux.detach())}
             loss = loss + self.config.sim_state_weight * aux

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dvla.action_head.flow import FlowHeadConfig
+from dvla.sim_state_head import SIM_STATE_READS
 from dvla.vision.encoder import VisionConfig
 
 ACTION_HEADS = ("discrete", "flow")
@@ -46,10 +47,13 @@ class DiffusionVLAConfig:
     answer_tokens: int = 4
     # Size of the text tokenizer trained on the data when the backbone starts from scratch.
     text_vocab_size: int = 1000
-    # Auxiliary target: the simulator's full state (object and goal positions), predicted from the
-    # backbone's state token in training only; never an input. `dvla train` sets its size from the
-    # data when the dataset has `sim_state_key` (0 = no auxiliary head).
+    # Auxiliary target: the simulator's full state (object and goal positions), predicted in training
+    # only; never an input. `dvla train` sets its size from the data when the dataset has
+    # `sim_state_key` (0 = no auxiliary head).
     sim_state_dim: int = 0
+    # What the head reads: "vision" (the image tokens, straight off the encoder) or "state_token"
+    # (the backbone's state token; the first design, which left small targets unseen).
+    sim_state_reads: str = "vision"
     # Weight of its mean squared error (on targets normalised to [-1, 1]) in the training loss.
     sim_state_weight: float = 1.0
 
@@ -63,6 +67,10 @@ class DiffusionVLAConfig:
             raise ValueError(
                 "sim_state_dim and sim_state_weight must be >= 0, "
                 f"got {self.sim_state_dim} and {self.sim_state_weight}"
+            )
+        if self.sim_state_reads not in SIM_STATE_READS:
+            raise ValueError(
+                f"sim_state_reads must be one of {SIM_STATE_READS}, got {self.sim_state_reads!r}"
             )
         if self.action_bins < 2:
             raise ValueError(f"action_bins must be >= 2, got {self.action_bins}")

@@ -154,9 +154,9 @@ def test_flow_model_overfits_four_chunks():
 
 
 @pytest.mark.parametrize("head", ["discrete", "flow"])
-def test_sim_state_target_adds_its_weighted_error_and_trains_the_cameras(head):
+def test_sim_state_target_read_off_the_state_token(head):
     torch.manual_seed(0)
-    model = tiny_vla(head, sim_state_dim=6, sim_state_weight=0.5)
+    model = tiny_vla(head, sim_state_dim=6, sim_state_weight=0.5, sim_state_reads="state_token")
     data = batch()
     plain, _ = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
     data.sim_state = torch.rand(3, 6) * 2 - 1
@@ -165,7 +165,7 @@ def test_sim_state_target_adds_its_weighted_error_and_trains_the_cameras(head):
     # the error is read at the state token, not at a target token (whose state depends on the
     # targets): a reference pass with 12 other target tokens, whose state token is at -13
     others = model.action_embeds(torch.zeros(3, 12, dtype=torch.long))  # (B, 12, d)
-    state_token = model._full_pass(data.observation, others, train=True)[:, -13]  # (B, d)
+    state_token = model._full_pass(data.observation, others, train=True)[0][:, -13]  # (B, d)
     reference = torch.nn.functional.mse_loss(model.sim_state_head(state_token), data.sim_state)
     assert metrics["sim_state_mse"] == pytest.approx(float(reference), rel=1e-4)
     # the auxiliary error alone reaches the vision encoder through the state token
@@ -176,12 +176,42 @@ def test_sim_state_target_adds_its_weighted_error_and_trains_the_cameras(head):
     # at inference the head reads the same state token from the prefix pass alone
     model.eval()
     targets = model.action_embeds(torch.zeros(3, 12, dtype=torch.long))  # (B, H*D, d)
-    hidden = model._full_pass(data.observation, targets, train=False)  # (B, P + 12, d)
+    hidden, _ = model._full_pass(data.observation, targets, train=False)  # (B, P + 12, d)
     readout = model.sim_state_head(hidden[:, -13])  # the state token, just before the 12 targets
     torch.testing.assert_close(model.predict_sim_state(data.observation), readout)
     assert tiny_vla(head).sim_state_head is None  # no target, no head
     with pytest.raises(ValueError, match="sim_state_key"):
         tiny_vla(head).predict_sim_state(data.observation)
+
+
+@pytest.mark.parametrize("head", ["discrete", "flow"])
+def test_sim_state_target_read_off_the_image_tokens(head):
+    """The default head reads the encoder's tokens directly: its error is a function of the images
+    alone (not of the text, state or targets), and its gradient reaches the encoder."""
+    torch.manual_seed(0)
+    model = tiny_vla(head, sim_state_dim=6, sim_state_weight=0.5)
+    data = batch()
+    plain, _ = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    data.sim_state = torch.rand(3, 6) * 2 - 1
+    loss, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(float(loss - plain), 0.5 * metrics["sim_state_mse"], rtol=1e-4, atol=1e-6)
+    tokens = model.vision(data.observation.images, train=True)  # (B, 2 cameras * 4, d)
+    reference = torch.nn.functional.mse_loss(model.sim_state_head(tokens, ["a", "b"]), data.sim_state)
+    assert metrics["sim_state_mse"] == pytest.approx(float(reference), rel=1e-4)
+    (loss - plain).backward()
+    conv = model.vision.backbone.conv1[0].weight
+    assert conv.grad is not None and conv.grad.abs().sum() > 0
+    model.eval()
+    read = model.predict_sim_state(data.observation)
+    torch.testing.assert_close(read, model.sim_state_head(model.vision(data.observation.images), ["a", "b"]))
+    # a batch with one of the cameras (co-training) reads the other as zeros, not as misplaced tokens
+    only_b = fake_observation(3, ["b"], 32, 6, 50, 5)
+    alone = model.predict_sim_state(only_b)
+    grid = torch.zeros(3, 2, 4, model.vision.token_embed.shape[1])
+    grid[:, 1] = model.sim_state_head.norm(model.vision({"b": only_b.images["b"]}))
+    torch.testing.assert_close(alone, model.sim_state_head.readout(grid.flatten(1)))
+    with pytest.raises(ValueError, match="sim_state_reads"):
+        tiny_vla(head, sim_state_dim=6, sim_state_reads="hidden")
 
 
 def test_vqa_answers_through_the_same_backbone():
@@ -216,6 +246,25 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     assert loaded_stats["action"]["q01"].tolist() == [-1.0, 0.0, 0.5]
     with pytest.raises(FileNotFoundError, match="not a dvla checkpoint"):
         load_checkpoint(tmp_path / "nowhere")
+
+
+def test_checkpoint_saved_before_the_head_choice_loads_its_state_token_head(tmp_path):
+    import json
+
+    from dvla.checkpoint import CONFIG_FILE
+
+    model = tiny_vla(sim_state_dim=6, sim_state_reads="state_token").eval()
+    tokenizer = train_text_tokenizer(["open the door"], vocab_size=60)
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer, {})
+    config_path = tmp_path / "ckpt" / CONFIG_FILE
+    saved = json.loads(config_path.read_text())
+    del saved["model"]["sim_state_reads"]  # as written before the choice existed
+    config_path.write_text(json.dumps(saved))
+    loaded, _, _ = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.config.sim_state_reads == "state_token"
+    torch.testing.assert_close(
+        loaded.predict_sim_state(batch().observation), model.predict_sim_state(batch().observation)
+    )
 
 
 def test_bad_model_configs():
