@@ -25,7 +25,7 @@ from dvla.backbone.modeling import DiffusionLM, KVCache
 from dvla.backbone.schedule import mask_tokens, sample_times
 from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model_config import DiffusionVLAConfig
-from dvla.sim_state_head import VisionStateHead
+from dvla.sim_state_head import VisionStateHead, emphasis_weights, weighted_mse
 from dvla.vision.encoder import VisionEncoder
 
 
@@ -111,6 +111,9 @@ class DiffusionVLA(nn.Module):
             self.sim_state_head = nn.Sequential(
                 nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim)
             )
+        if config.sim_state_dim:
+            weights = emphasis_weights(config.sim_state_emphasis, config.sim_state_dim)  # (E,)
+            self.register_buffer("sim_state_dim_weights", weights, persistent=False)
 
     # ---- prefix ---------------------------------------------------------------------------------
     def prefix_embeds(
@@ -203,9 +206,9 @@ class DiffusionVLA(nn.Module):
     def sim_state_loss(
         self, hidden: torch.Tensor, image_tokens: torch.Tensor, batch: ActionBatch
     ) -> torch.Tensor | None:
-        """MSE of the simulator state predicted from the image tokens (B, N, d) or from the state
-        token (the prefix's last position in hidden (B, P + T, d)); None when the model or the batch
-        has no simulator state."""
+        """Weighted MSE (`sim_state_emphasis`) of the simulator state predicted from the image tokens
+        (B, N, d) or from the state token (the prefix's last position in hidden (B, P + T, d)); None
+        when the model or the batch has no simulator state."""
         if self.sim_state_head is None or batch.sim_state is None:
             return None
         if self.config.sim_state_reads == "vision":
@@ -217,7 +220,7 @@ class DiffusionVLA(nn.Module):
                 )
             t = batch.actions.shape[1] * (1 if self.flow is not None else self.config.action_dim)
             predicted = self.sim_state_head(hidden[:, -t - 1])  # (B, E)
-        return torch.nn.functional.mse_loss(predicted.float(), batch.sim_state.float())
+        return weighted_mse(predicted, batch.sim_state, self.sim_state_dim_weights)
 
     # ---- discrete actions -----------------------------------------------------------------------
     def action_embeds(self, bin_tokens: torch.Tensor, start: int = 0) -> torch.Tensor:

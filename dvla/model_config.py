@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dvla.action_head.flow import FlowHeadConfig
-from dvla.sim_state_head import SIM_STATE_READS
+from dvla.sim_state_head import SIM_STATE_READS, parse_emphasis
 from dvla.vision.encoder import VisionConfig
 
 ACTION_HEADS = ("discrete", "flow")
@@ -56,6 +56,10 @@ class DiffusionVLAConfig:
     sim_state_reads: str = "vision"
     # Weight of its mean squared error (on targets normalised to [-1, 1]) in the training loss.
     sim_state_weight: float = 1.0
+    # Extra weight on some dimensions of that error, as "start:stop=weight" slices joined by commas;
+    # unlisted dimensions weigh 1. MetaWorld's 39-D state keeps the goal in 36:39 and the first
+    # object's position in 4:7, so "36:39=30,4:7=10" makes the encoder find goal markers and objects.
+    sim_state_emphasis: str = ""
 
     def __post_init__(self):
         if self.action_head not in ACTION_HEADS:
@@ -68,6 +72,7 @@ class DiffusionVLAConfig:
                 "sim_state_dim and sim_state_weight must be >= 0, "
                 f"got {self.sim_state_dim} and {self.sim_state_weight}"
             )
+        parse_emphasis(self.sim_state_emphasis)  # raises on a malformed spec
         if self.sim_state_reads not in SIM_STATE_READS:
             raise ValueError(
                 f"sim_state_reads must be one of {SIM_STATE_READS}, got {self.sim_state_reads!r}"

@@ -34,3 +34,38 @@ class VisionStateHead(nn.Module):
         for i, tokens in zip(present, image_tokens.split(k, dim=1), strict=True):
             grid[:, self.cameras.index(i)] = self.norm(tokens)
         return self.readout(grid.flatten(1))  # (B, E)
+
+
+def parse_emphasis(spec: str) -> list[tuple[int, int, float]]:
+    """Parse "36:39=30,4:7=10" into [(36, 39, 30.0), (4, 7, 10.0)]; "" -> []."""
+    slices = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            span, weight = part.split("=")
+            start, stop = (int(x) for x in span.split(":"))
+            weight = float(weight)
+        except ValueError:
+            raise ValueError(
+                f"sim_state_emphasis part {part!r} is not start:stop=weight (e.g. '36:39=30')"
+            ) from None
+        if not 0 <= start < stop or weight < 0:
+            raise ValueError(f"sim_state_emphasis part {part!r} needs 0 <= start < stop and weight >= 0")
+        slices.append((start, stop, weight))
+    return slices
+
+
+def emphasis_weights(spec: str, dim: int) -> torch.Tensor:
+    """(dim,) per-dimension weights of the simulator-state error: 1, or the weight of a listed slice."""
+    weights = torch.ones(dim)
+    for start, stop, weight in parse_emphasis(spec):
+        if stop > dim:
+            raise ValueError(
+                f"sim_state_emphasis slice {start}:{stop} is past the simulator state's {dim} dimensions"
+            )
+        weights[start:stop] = weight
+    return weights
+
+
+def weighted_mse(predicted: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """mean over batch and dimensions of weights[e] * (predicted - target)^2; (B, E), (B, E), (E,)."""
+    return ((predicted.float() - target.float()).square() * weights.to(predicted.device)).mean()

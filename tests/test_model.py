@@ -214,6 +214,25 @@ def test_sim_state_target_read_off_the_image_tokens(head):
         tiny_vla(head, sim_state_dim=6, sim_state_reads="hidden")
 
 
+def test_sim_state_emphasis_weights_the_listed_dimensions():
+    """An emphasis of "2:4=10" multiplies the squared error of dimensions 2 and 3 by 10 before the
+    mean; bad specs and slices past the state are refused with the expected form in the message."""
+    torch.manual_seed(0)
+    model = tiny_vla(sim_state_dim=6, sim_state_emphasis="2:4=10, 5:6=0")
+    data = batch()
+    data.sim_state = torch.rand(3, 6) * 2 - 1
+    _, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    tokens = model.vision(data.observation.images, train=True)  # (B, 2 cameras * 4, d)
+    squared = (model.sim_state_head(tokens, ["a", "b"]) - data.sim_state).square()  # (B, 6)
+    expected = (squared[:, :2].sum() + 10 * squared[:, 2:4].sum() + squared[:, 4].sum()) / 18
+    assert metrics["sim_state_mse"] == pytest.approx(float(expected), rel=1e-4)
+    assert "sim_state_dim_weights" not in model.state_dict()  # rebuilt from the config, not saved
+    with pytest.raises(ValueError, match="start:stop=weight"):
+        DiffusionVLAConfig(sim_state_emphasis="36-39=30")
+    with pytest.raises(ValueError, match="past the simulator state's 6 dimensions"):
+        tiny_vla(sim_state_dim=6, sim_state_emphasis="4:8=2")
+
+
 def test_vqa_answers_through_the_same_backbone():
     torch.manual_seed(0)
     model = tiny_vla(cameras=("scene",))
