@@ -52,6 +52,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         sim_state_dim=new.sim_state_dim,
         sim_state_weight=new.sim_state_weight,
         sim_state_reads=new.sim_state_reads,
+        sim_state_emphasis=new.sim_state_emphasis,
     )
 
 

@@ -13,6 +13,7 @@ from dvla.cli import main
 from dvla.data import LeRobotDataConfig, VQAScenes
 from dvla.finetune import finetune_config, transfer_weights
 from dvla.model import DiffusionVLA
+from dvla.model_config import BackboneSize, DiffusionVLAConfig
 from dvla.policy import DiffusionVLAPolicy
 from dvla.rollout import HOLD_SECONDS
 from dvla.train import train
@@ -236,6 +237,16 @@ def test_finetune_to_another_robot(cotrained, tmp_path):
     raw = state["raw_model"]["state_proj.0.weight"]
     assert not torch.equal(raw, model.state_dict()["state_proj.0.weight"])  # the checkpoint holds the EMA
     assert main(["rollout", "--checkpoint", str(result.checkpoint), "--tasks", "reach-v3"]) == 1
+
+
+def test_finetune_takes_the_simulator_state_target_from_the_new_run():
+    old = DiffusionVLAConfig(
+        backbone=BackboneSize(64, 128, 2, 4), sim_state_dim=39, sim_state_emphasis="36:39=40"
+    )
+    new = DiffusionVLAConfig(sim_state_dim=6, sim_state_weight=2.0, sim_state_emphasis="0:3=5")
+    merged = finetune_config(old, new)
+    assert (merged.sim_state_dim, merged.sim_state_weight, merged.sim_state_emphasis) == (6, 2.0, "0:3=5")
+    assert merged.backbone == old.backbone  # the architecture stays the checkpoint's
 
 
 def test_resume_refuses_other_model_settings(cotrained, tiny_dataset, tmp_path):
