@@ -219,12 +219,15 @@ def _flat_config(config: TrainConfig) -> dict:
 
 
 def _ema(config: TrainConfig, model, state):
-    """An exponential moving average of the weights (saved as the checkpoint's model), or None."""
+    """A bias-corrected exponential moving average of the weights (saved as the checkpoint's model),
+    or None."""
     if config.ema_decay is None:
         return None
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    from torch.optim.swa_utils import AveragedModel
 
-    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(config.ema_decay), use_buffers=True)
+    from dvla.ema import bias_corrected_ema
+
+    ema = AveragedModel(model, multi_avg_fn=bias_corrected_ema(config.ema_decay), use_buffers=True)
     if state is not None:  # the checkpoint's weights are the average; the raw ones are in the state
         model.load_state_dict(state["raw_model"])
         ema.n_averaged.fill_(int(state["ema_n_averaged"]))

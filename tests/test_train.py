@@ -188,3 +188,28 @@ def test_wandb_without_the_package_is_a_clear_error(tiny_dataset, tmp_path):
         pytest.skip("wandb is installed here")
     with pytest.raises(ValueError, match="pip install wandb"):
         tiny_train_config(tiny_dataset[0], tmp_path / "w", steps=1, wandb=True)
+
+
+def test_the_weight_average_is_bias_corrected():
+    """After k updates the average weighs update j by decay^(k-j) over their sum: the first weights
+    fade like any other step's instead of keeping decay^k (a plain EMA's bias)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    from dvla.ema import bias_corrected_ema
+
+    decay, model = 0.9, torch.nn.Linear(3, 2)
+    model.register_buffer("count", torch.zeros((), dtype=torch.long))
+    ema = AveragedModel(model, multi_avg_fn=bias_corrected_ema(decay), use_buffers=True)
+    seen = []
+    for step in range(5):
+        with torch.no_grad():
+            model.weight.fill_(float(step + 1))
+            model.count.fill_(step)
+        seen.append(step + 1.0)
+        ema.update_parameters(model)
+    weights = torch.tensor([decay ** (len(seen) - 1 - j) for j in range(len(seen))])
+    expected = float((weights * torch.tensor(seen)).sum() / weights.sum())
+    torch.testing.assert_close(ema.module.weight, torch.full((2, 3), expected))
+    assert int(ema.module.count) == 4  # integer buffers follow the model
+    with pytest.raises(ValueError, match="ema_decay"):
+        bias_corrected_ema(1.0)
