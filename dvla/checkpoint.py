@@ -102,3 +102,21 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
         for k, feature in json.loads((path / STATS_FILE).read_text()).items()
     }
     return model.to(device).eval(), tokenizer, stats
+
+
+def export_raw_weights(path: str | Path, out: str | Path) -> Path:
+    """Write a copy of a training checkpoint whose model holds the raw training weights (kept in its
+    training_state.pt) instead of their moving average: for runs whose average was not
+    bias-corrected (dvla before dvla.ema), or to compare the two."""
+    path = resolve_checkpoint(path)
+    state_file = path / "training_state.pt"
+    if not state_file.exists():
+        raise FileNotFoundError(
+            f"{path} has no training_state.pt: only training checkpoints keep raw weights"
+        )
+    state = torch.load(state_file, weights_only=True)
+    if "raw_model" not in state:
+        raise ValueError(f"{path} was trained without --ema_decay: its model already holds the raw weights")
+    model, tokenizer, stats = load_checkpoint(path)
+    model.load_state_dict(state["raw_model"], strict=True)
+    return save_checkpoint(out, model, tokenizer, stats, checkpoint_info(path))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_train import tiny_train_config
 
-from dvla.checkpoint import checkpoint_info, load_checkpoint
+from dvla.checkpoint import checkpoint_info, export_raw_weights, load_checkpoint
 from dvla.cli import main
 from dvla.data import LeRobotDataConfig, VQAScenes
 from dvla.finetune import finetune_config, transfer_weights
@@ -236,6 +236,13 @@ def test_finetune_to_another_robot(cotrained, tmp_path):
     state = torch.load(result.checkpoint / "training_state.pt", weights_only=True)
     raw = state["raw_model"]["state_proj.0.weight"]
     assert not torch.equal(raw, model.state_dict()["state_proj.0.weight"])  # the checkpoint holds the EMA
+    raw_copy = export_raw_weights(result.checkpoint, tmp_path / "raw")  # the raw weights as a checkpoint
+    unaveraged, _, raw_stats = load_checkpoint(raw_copy)
+    assert torch.equal(unaveraged.state_dict()["state_proj.0.weight"], raw)
+    assert checkpoint_info(raw_copy) == checkpoint_info(result.checkpoint)
+    assert np.array_equal(raw_stats["action"]["q01"], stats["action"]["q01"])
+    with pytest.raises(FileNotFoundError, match="training_state.pt"):
+        export_raw_weights(raw_copy, tmp_path / "again")
     assert main(["rollout", "--checkpoint", str(result.checkpoint), "--tasks", "reach-v3"]) == 1
 
 
