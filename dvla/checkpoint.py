@@ -108,12 +108,12 @@ def export_raw_weights(path: str | Path, out: str | Path) -> Path:
     """Write a copy of a training checkpoint whose model holds the raw training weights (kept in its
     training_state.pt) instead of their moving average: for runs whose average was not
     bias-corrected (dvla before dvla.ema), or to compare the two."""
+    from dvla.train import TRAINING_STATE
+
     path = resolve_checkpoint(path)
-    state_file = path / "training_state.pt"
+    state_file = path / TRAINING_STATE
     if not state_file.exists():
-        raise FileNotFoundError(
-            f"{path} has no training_state.pt: only training checkpoints keep raw weights"
-        )
+        raise FileNotFoundError(f"{path} has no {TRAINING_STATE}: only training checkpoints keep raw weights")
     state = torch.load(state_file, weights_only=True)
     if "raw_model" not in state:
         raise ValueError(f"{path} was trained without --ema_decay: its model already holds the raw weights")

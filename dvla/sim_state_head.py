@@ -68,4 +68,4 @@ def emphasis_weights(spec: str, dim: int) -> torch.Tensor:
 
 def weighted_mse(predicted: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """mean over batch and dimensions of weights[e] * (predicted - target)^2; (B, E), (B, E), (E,)."""
-    return ((predicted.float() - target.float()).square() * weights.to(predicted.device)).mean()
+    return ((predicted.float() - target.float()).square() * weights).mean()
