@@ -13,6 +13,9 @@ class Observation:
     text_ids: torch.Tensor  # (B, L) instruction or question tokens
     text_valid: torch.Tensor  # (B, L) bool, False for padding
     state: torch.Tensor | None = None  # (B, S) normalised to [-1, 1]; None for VQA
+    # (B,) which image row each sample reads when several questions share one image (the images
+    # are then (I, 3, H, W), read once); None = one image row per sample
+    image_index: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -21,7 +24,8 @@ class Observation:
     def to(self, device: torch.device) -> Observation:
         state = None if self.state is None else self.state.to(device)
         images = {c: img.to(device) for c, img in self.images.items()}
-        return Observation(images, self.text_ids.to(device), self.text_valid.to(device), state)
+        index = None if self.image_index is None else self.image_index.to(device)
+        return Observation(images, self.text_ids.to(device), self.text_valid.to(device), state, index)
 
 
 @dataclass
@@ -41,6 +45,8 @@ class ActionBatch:
 class VQABatch:
     observation: Observation
     answer_ids: torch.Tensor  # (B, A) answer tokens padded with EOS
+    # (I, G*G, C) auxiliary multi-hot target per image (I = B without image_index); training only
+    scene_map: torch.Tensor | None = None
 
 
 def fake_observation(

@@ -8,6 +8,7 @@ A VQA sample:    {"images": {camera: float (3, H, W)}, "question": str, "answer"
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +215,15 @@ class VQAScenes(torch.utils.data.Dataset):
 
     CAMERA = "scene"  # = dvla.policy.VQA_CAMERA
 
-    def __init__(self, root: str | Path, split: str = "train", image_size: int | None = None):
+    def __init__(
+        self,
+        root: str | Path,
+        split: str = "train",
+        image_size: int | None = None,
+        scene_map_grid: int | None = None,
+    ):
+        """`scene_map_grid` adds each scene's map on that grid (`dvla.sim.vqa_scene_map`) as
+        "scene_map" (G*G, C), the target of the model's auxiliary scene-map head."""
         import datasets
 
         root = Path(root)
@@ -228,6 +237,7 @@ class VQAScenes(torch.utils.data.Dataset):
             raise ValueError(f"no split {split!r} in {root}; splits: {list(splits)}")
         self.data = splits[split]
         self.image_size = image_size
+        self.scene_map_grid = scene_map_grid
 
     def __len__(self) -> int:
         return len(self.data)
@@ -240,7 +250,51 @@ class VQAScenes(torch.utils.data.Dataset):
             "question": row["question"],
             "answer": row["answer"],
             "question_type": row["question_type"],
+            **({"scene_map": self._scene_map(row)} if self.scene_map_grid else {}),
         }
+
+    def _scene_map(self, row: dict) -> torch.Tensor:
+        from dvla.sim.vqa_scene_map import scene_map
+        from dvla.sim.vqa_scenes import SceneObject
+
+        objects = [SceneObject(**o) for o in json.loads(row["objects"])]
+        return torch.from_numpy(scene_map(objects, self.scene_map_grid))  # (G*G, C)
+
+
+TEXT_FIELDS = ("question", "answer", "question_type")  # the per-question fields of a VQA sample
+
+
+class VQAScenesByImage(torch.utils.data.Dataset):
+    """The same questions grouped by scene: item i is one image with all of its questions, so the
+    vision encoder reads it once for all of them (`--vqa.images_per_batch`; batch with
+    `collate_by_image`)."""
+
+    def __init__(self, questions: VQAScenes):
+        self.questions = questions
+        groups: dict[int, list[int]] = {}
+        for row, scene in enumerate(questions.data["scene_id"]):
+            groups.setdefault(scene, []).append(row)
+        self.rows = list(groups.values())
+        self.text = questions.data.select_columns(["question", "answer", "question_type"])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        rows = self.rows[int(index)]
+        first = self.questions[rows[0]]  # the image (and scene map) once
+        return {**first, **self.text[rows]}  # question, answer, question_type: lists over its rows
+
+
+def collate_by_image(samples: list[dict]) -> dict:
+    """VQAScenesByImage items -> one batch: images (I, 3, H, W) once each, the questions of all
+    of them flattened (B), and "image_index" (B,), the image row of each question."""
+    counts = torch.tensor([len(s["question"]) for s in samples])
+    out = collate([{k: v for k, v in s.items() if k not in TEXT_FIELDS} for s in samples])
+    for key in TEXT_FIELDS:
+        out[key] = [text for s in samples for text in s[key]]
+    out["image_index"] = torch.repeat_interleave(torch.arange(len(samples)), counts)  # (B,)
+    return out
 
 
 def collate(samples: list[dict]) -> dict:

@@ -53,6 +53,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         sim_state_weight=new.sim_state_weight,
         sim_state_reads=new.sim_state_reads,
         sim_state_emphasis=new.sim_state_emphasis,
+        scene_map_weight=new.scene_map_weight,
     )
 
 

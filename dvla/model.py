@@ -10,9 +10,11 @@ Vocabulary (from scratch): [text tokens (V_text) | action bins | MASK].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dvla.action_head.flow import FlowMatchingHead
@@ -27,6 +29,7 @@ from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model_config import DiffusionVLAConfig
 from dvla.sim_state_head import VisionStateHead, emphasis_weights, weighted_mse
 from dvla.vision.encoder import VisionEncoder
+from dvla.vision.film import TextFiLM
 
 
 @dataclass
@@ -111,18 +114,41 @@ class DiffusionVLA(nn.Module):
             self.sim_state_head = nn.Sequential(
                 nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim)
             )
+        self.scene_map_head = self._scene_map_head(d) if config.scene_map_weight > 0 else None
+        self.text_film = TextFiLM(d) if config.text_film else None
         if config.sim_state_dim:
             weights = emphasis_weights(config.sim_state_emphasis, config.sim_state_dim)  # (E,)
             self.register_buffer("sim_state_dim_weights", weights, persistent=False)
+
+    def _scene_map_head(self, d: int) -> nn.Module:
+        from dvla.sim.vqa_scene_map import CHANNELS
+
+        k = self.vision.tokens_per_camera
+        if math.isqrt(k) ** 2 != k:
+            raise ValueError(
+                f"scene_map_weight needs a square grid of image tokens; tokens_per_camera is {k} "
+                "(use 16, 64, ...)"
+            )
+        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, len(CHANNELS)))
+
+    @property
+    def scene_map_grid(self) -> int | None:
+        """Side of the scene-map grid the data must provide, or None without the head."""
+        return math.isqrt(self.vision.tokens_per_camera) if self.scene_map_head is not None else None
 
     # ---- prefix ---------------------------------------------------------------------------------
     def prefix_embeds(
         self, obs: Observation, train: bool = False, image_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, P, d) embeddings of [images | text | state] and their validity (B, P)."""
+        """(B, P, d) embeddings of [images | text | state] and their validity (B, P).
+        `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already computed."""
         if image_tokens is None:
-            image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
+            image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
+        if obs.image_index is not None:
+            image_tokens = image_tokens[obs.image_index]  # (B, N, d): several samples share an image
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
+        if self.text_film is not None:
+            image_tokens = self.text_film(image_tokens, text, obs.text_valid)  # (B, N, d)
         parts, valid = (
             [image_tokens, text],
             [torch.ones(image_tokens.shape[:2], dtype=torch.bool), obs.text_valid],
@@ -183,9 +209,9 @@ class DiffusionVLA(nn.Module):
     def _full_pass(
         self, obs: Observation, target_embeds: torch.Tensor, train: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hidden states of [prefix | target] in one pass (B, P + T, d), and the image tokens the
-        prefix starts with (B, N, d)."""
-        image_tokens = self.vision(obs.images, train=train)  # (B, N, d)
+        """Hidden states of [prefix | target] in one pass (B, P + T, d), and the encoder's tokens
+        of the images (I, N, d; I = B unless samples share images through obs.image_index)."""
+        image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
         prefix, valid = self.prefix_embeds(obs, image_tokens=image_tokens)
         t = target_embeds.shape[1]
         out = self.backbone(
@@ -275,8 +301,25 @@ class DiffusionVLA(nn.Module):
         answers = batch.answer_ids  # (B, A)
         t = sample_times(answers.shape[0], generator=generator).to(answers.device)
         noisy, masked = mask_tokens(answers, t, self.mask_id, generator=generator)
-        hidden = self._full_hidden(batch.observation, self.backbone.embed(noisy), train=True)
-        return masked_diffusion_loss(self.text_logits(hidden), answers, masked, t)
+        target = self.backbone.embed(noisy)  # (B, A, d)
+        hidden, image_tokens = self._full_pass(batch.observation, target, train=True)
+        logits = self.text_logits(hidden[:, -target.shape[1] :])  # (B, A, V)
+        loss, metrics = masked_diffusion_loss(logits, answers, masked, t)
+        if self.scene_map_head is not None and batch.scene_map is not None:
+            aux = self.scene_map_loss(image_tokens, batch.scene_map)
+            metrics = {**metrics, "answer_loss": float(loss.detach()), "scene_map_bce": float(aux.detach())}
+            loss = loss + self.config.scene_map_weight * aux
+        return loss, metrics
+
+    def scene_map_loss(self, image_tokens: torch.Tensor, scene_map: torch.Tensor) -> torch.Tensor:
+        """Mean binary cross-entropy of the scene map read off the first camera's grid tokens
+        (I, N, d), one row per image; a VQA batch carries only the scene camera. scene_map (I, K, C)
+        multi-hot."""
+        k = self.vision.tokens_per_camera
+        if scene_map.shape[1] != k:
+            raise ValueError(f"a scene map of {scene_map.shape[1]} cells for {k} image tokens per camera")
+        logits = self.scene_map_head(image_tokens[:, :k]).float()  # (B, K, C)
+        return F.binary_cross_entropy_with_logits(logits, scene_map.float())
 
     # ---- inference ------------------------------------------------------------------------------
     @torch.no_grad()

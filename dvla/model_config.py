@@ -60,6 +60,14 @@ class DiffusionVLAConfig:
     # unlisted dimensions weigh 1. MetaWorld's 39-D state keeps the goal in 36:39 and the first
     # object's position in 4:7, so "36:39=30,4:7=10" makes the encoder find goal markers and objects.
     sim_state_emphasis: str = ""
+    # Auxiliary VQA target (0 = off): each image token of the scene camera predicts which colours,
+    # shapes, sizes and colour-shape pairs have an object centred in its cell of the image
+    # (`dvla.sim.vqa_scene_map`, from the scene's ground truth; training only, never an input).
+    # This is the weight of its binary cross-entropy in the VQA loss. Needs a square token grid.
+    scene_map_weight: float = 0.0
+    # Condition the image tokens on the instruction or question (FiLM: a channel-wise scale and
+    # shift from the mean text embedding, `dvla.vision.film`), starting as the identity.
+    text_film: bool = False
 
     def __post_init__(self):
         if self.action_head not in ACTION_HEADS:
@@ -67,6 +75,8 @@ class DiffusionVLAConfig:
         for name in ("chunk_size", "action_dim", "state_dim", "max_text_tokens", "answer_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.scene_map_weight < 0:
+            raise ValueError(f"scene_map_weight must be >= 0, got {self.scene_map_weight}")
         if self.sim_state_dim < 0 or self.sim_state_weight < 0:
             raise ValueError(
                 "sim_state_dim and sim_state_weight must be >= 0, "

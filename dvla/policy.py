@@ -112,8 +112,13 @@ class DiffusionVLAPolicy:
     def vqa_batch(self, sample: dict) -> VQABatch:
         """A collated VQAScenes batch -> the model's VQA training batch."""
         obs = self.observation(sample["images"], sample["question"], None)
+        if "image_index" in sample:  # questions grouped by image (VQAScenesByImage)
+            obs.image_index = sample["image_index"].to(self.device)
         answers = encode_answers(self.tokenizer, sample["answer"], self.model.config.answer_tokens)
-        return VQABatch(obs, answers.to(self.device))
+        scene_map = sample.get("scene_map")  # (B, G*G, C), with the auxiliary scene-map target
+        if scene_map is not None:
+            scene_map = scene_map.to(self.device)
+        return VQABatch(obs, answers.to(self.device), scene_map)
 
     @torch.no_grad()
     def predict_action_chunk(self, images, texts, state) -> torch.Tensor:

@@ -22,6 +22,10 @@ CHECKPOINTS = "checkpoints"
 TRAINING_STATE = "training_state.pt"
 
 
+# auxiliary-target metrics of the model's loss -> their short name on the progress bar
+AUX_METRICS = {"sim_state_mse": "sim_mse", "scene_map_bce": "map_bce"}
+
+
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """Linear warmup to 1, then cosine decay to min_ratio at `total`."""
     if step < warmup:
@@ -83,6 +87,8 @@ def train(config: TrainConfig) -> TrainResult:
         stats = robot.stats if robot else {}
     model.train()
     _check_fits(config, robot, vqa, model)
+    if vqa is not None:
+        vqa.scene_map_grid = model.scene_map_grid  # the auxiliary target's grid, None without one
     info = {
         "tasks": robot.tasks if robot else [],
         "dataset": ", ".join(dataset_name(d) for d in config.robot_datasets) or None,
@@ -114,7 +120,7 @@ def train(config: TrainConfig) -> TrainResult:
             robot, config.batch_size, config.seed, first - vqa_done, config.num_workers
         )
     if vqa is not None:
-        loaders[VQA] = make_loader(vqa, config.batch_size, config.seed + 1, vqa_done, config.num_workers)
+        loaders[VQA] = _vqa_loader(config, vqa, vqa_done)
     model, opt, *prepared = accelerator.prepare(model, opt, *loaders.values())
     batches = MixedBatches(dict(zip(loaders, prepared, strict=True)), ratio, first)
     if accelerator.is_main_process:
@@ -123,7 +129,7 @@ def train(config: TrainConfig) -> TrainResult:
     if state is not None:
         torch.set_rng_state(state["torch_rng"])
     losses: dict[str, float] = {}
-    sim_mse = None  # the auxiliary simulator-state error, when the run has that target
+    aux: dict[str, float] = {}  # the auxiliary targets' errors, when the run has them
     saved = None
     from tqdm import tqdm
 
@@ -134,35 +140,32 @@ def train(config: TrainConfig) -> TrainResult:
     )
     bar = tqdm(range(start_step, stop), initial=start_step, total=config.steps, desc="train",
                disable=not accelerator.is_main_process)  # fmt: skip
-    started = time.perf_counter()
+    started, samples = time.perf_counter(), 0
     for step in bar:
         for _ in range(config.grad_accum):
             source, sample = next(batches)
             batch = policy.vqa_batch(sample) if source == VQA else policy.action_batch(sample)
+            samples += batch.observation.batch_size * accelerator.num_processes
             with accelerator.autocast():
                 loss, metrics = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
             # the action (or answer) loss alone, comparable with runs without an auxiliary target
-            losses[source] = metrics.get("action_loss", float(loss.detach()))
-            if "sim_state_mse" in metrics:
-                sim_mse = metrics["sim_state_mse"]
+            losses[source] = metrics.get("action_loss", metrics.get("answer_loss", float(loss.detach())))
+            aux.update({k: metrics[k] for k in AUX_METRICS if k in metrics})
         accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
         opt.step()
         schedule.step()
         opt.zero_grad()
         if ema is not None:
             ema.update_parameters(accelerator.unwrap_model(model))
-        samples = (step + 1 - start_step) * config.batch_size * config.grad_accum * accelerator.num_processes
         rate = samples / (time.perf_counter() - started)
         lr = schedule.get_last_lr()[0]
         shown = {f"{'loss' if k == ROBOT else 'vqa_loss'}": f"{v:.3f}" for k, v in losses.items()}
-        if sim_mse is not None:
-            shown["sim_mse"] = f"{sim_mse:.3f}"
+        shown.update({AUX_METRICS[k]: f"{v:.3f}" for k, v in aux.items()})
         bar.set_postfix(**shown, lr=f"{lr:.2e}", samples_s=f"{rate:.1f}")
         if (step + 1) % config.log_every == 0 and config.trackers:
             logs = {f"train/{k}_loss": v for k, v in losses.items()}
-            if sim_mse is not None:
-                logs["train/sim_state_mse"] = sim_mse
+            logs.update({f"train/{k}": v for k, v in aux.items()})
             accelerator.log({**logs, "train/lr": lr, "train/samples_per_s": rate}, step=step + 1)
         done = step + 1
         if accelerator.is_main_process and (done % config.save_every == 0 or done == stop):
@@ -197,6 +200,20 @@ def _new_model(config: TrainConfig, robot, vqa, accelerator):
         texts += [*vqa.data["question"], *vqa.data["answer"]]
     tokenizer = train_text_tokenizer(texts, vocab_size=config.model.text_vocab_size)
     return DiffusionVLA(model_config, TextSpecials.from_tokenizer(tokenizer)), tokenizer
+
+
+def _vqa_loader(config: TrainConfig, vqa, start_batch: int):
+    """batch_size questions per VQA batch, or with vqa.images_per_batch that many scenes and all
+    their questions."""
+    from dvla.data import VQAScenesByImage, collate_by_image
+
+    seed = config.seed + 1
+    if config.vqa.images_per_batch is None:
+        return make_loader(vqa, config.batch_size, seed, start_batch, config.num_workers)
+    scenes = VQAScenesByImage(vqa)
+    return make_loader(
+        scenes, config.vqa.images_per_batch, seed, start_batch, config.num_workers, collate_by_image
+    )
 
 
 def _flat_config(config: TrainConfig) -> dict:

@@ -37,10 +37,16 @@ class VQADataConfig:
     ratio: float = 0.25
     # Resize images to this square size; None keeps the dataset's size.
     image_size: int | None = None
+    # Draw this many scenes per VQA batch and ask all of each scene's questions (about 5), so the
+    # vision encoder reads each image once for all of them; None = batch_size questions, each
+    # with its own copy of its image.
+    images_per_batch: int | None = None
 
     def __post_init__(self):
         if not 0.0 < self.ratio < 1.0:
             raise ValueError(f"vqa.ratio must be in (0, 1), got {self.ratio}")
+        if self.images_per_batch is not None and self.images_per_batch < 1:
+            raise ValueError(f"vqa.images_per_batch must be >= 1, got {self.images_per_batch}")
 
 
 @dataclass

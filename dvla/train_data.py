@@ -49,13 +49,15 @@ def source_of(g: int, ratio: float) -> str:
     return VQA if vqa_batches_before(g + 1, ratio) > vqa_batches_before(g, ratio) else ROBOT
 
 
-def make_loader(dataset, batch_size: int, seed: int, start_batch: int, num_workers: int) -> DataLoader:
+def make_loader(
+    dataset, batch_size: int, seed: int, start_batch: int, num_workers: int, collate_fn=None
+) -> DataLoader:
     from dvla.data import collate
 
     return DataLoader(
         dataset,
         batch_sampler=ResumableBatchSampler(len(dataset), batch_size, seed, start_batch),
-        collate_fn=collate,
+        collate_fn=collate_fn or collate,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         generator=torch.Generator().manual_seed(seed),  # keeps the loader off the global RNG

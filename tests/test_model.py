@@ -7,7 +7,7 @@ from conftest import tiny_causal_lm
 from dvla.backbone import layout
 from dvla.backbone.decoder import DecodeConfig
 from dvla.backbone.tokenizer import train_text_tokenizer
-from dvla.batch import VQABatch, fake_action_batch, fake_observation
+from dvla.batch import Observation, VQABatch, fake_action_batch, fake_observation
 from dvla.checkpoint import load_checkpoint, save_checkpoint
 from dvla.model import DiffusionVLA, TextSpecials
 from dvla.model_config import BackboneSize, DiffusionVLAConfig
@@ -284,6 +284,83 @@ def test_checkpoint_saved_before_the_head_choice_loads_its_state_token_head(tmp_
     torch.testing.assert_close(
         loaded.predict_sim_state(batch().observation), model.predict_sim_state(batch().observation)
     )
+
+
+def test_scene_map_target_read_off_the_scene_tokens():
+    """Each image token predicts its own cell of the map; the error adds to the answer loss with
+    its weight and its gradient reaches the encoder. Robot cameras absent from a VQA batch are fine."""
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("a", "scene"), scene_map_weight=0.5)
+    assert model.scene_map_grid == 2  # 4 tokens per camera
+    obs = fake_observation(3, ["scene"], 32, 6, 50, None)
+    answers = torch.tensor([[10, 2, 2], [11, 12, 2], [13, 2, 2]])
+    plain, _ = model.compute_vqa_loss(VQABatch(obs, answers), generator=torch.Generator().manual_seed(1))
+    target = (torch.rand(3, 4, 37) < 0.1).float()  # (B, G*G, C)
+    loss, metrics = model.compute_vqa_loss(
+        VQABatch(obs, answers, target), generator=torch.Generator().manual_seed(1)
+    )
+    assert metrics["answer_loss"] == pytest.approx(float(plain.detach()), rel=1e-5)
+    torch.testing.assert_close(float(loss - plain), 0.5 * metrics["scene_map_bce"], rtol=1e-4, atol=1e-6)
+    tokens = model.vision(obs.images)  # (B, 4, d): the scene camera only
+    reference = torch.nn.functional.binary_cross_entropy_with_logits(model.scene_map_head(tokens), target)
+    assert metrics["scene_map_bce"] == pytest.approx(float(reference), rel=1e-4)
+    (loss - plain).backward()
+    assert model.vision.backbone.conv1[0].weight.grad.abs().sum() > 0
+    assert tiny_vla(cameras=("scene",)).scene_map_head is None and tiny_vla().scene_map_grid is None
+    with pytest.raises(ValueError, match="square grid"):
+        tiny_vla(cameras=("scene",), scene_map_weight=1.0, vision=VisionConfig(tokens_per_camera=8))
+    with pytest.raises(ValueError, match="scene_map_weight"):
+        DiffusionVLAConfig(scene_map_weight=-1.0)
+
+
+def test_questions_sharing_an_image_equal_each_with_its_own_copy():
+    """obs.image_index reads each image once for several questions: the answer loss and the
+    answers equal those of a batch where every question has its own copy of the image; the
+    scene-map error counts each image once."""
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("scene",), scene_map_weight=1.0).eval()  # eval: batch norm as at inference
+    shared = fake_observation(5, ["scene"], 32, 6, 50, None)
+    index = torch.tensor([0, 0, 1, 1, 1])  # 5 questions about 2 images
+    images = {"scene": shared.images["scene"][:2]}
+    grouped = Observation(images, shared.text_ids, shared.text_valid, None, index)
+    copied = Observation({"scene": images["scene"][index]}, shared.text_ids, shared.text_valid)
+    answers = torch.randint(4, 50, (5, 3))
+    scene_map = (torch.rand(2, 4, 37) < 0.2).float()  # one per image
+    loss, metrics = model.compute_vqa_loss(
+        VQABatch(grouped, answers, scene_map), generator=torch.Generator().manual_seed(2)
+    )
+    plain, _ = model.compute_vqa_loss(VQABatch(copied, answers), generator=torch.Generator().manual_seed(2))
+    assert metrics["answer_loss"] == pytest.approx(float(plain.detach()), rel=1e-5)
+    own = model.scene_map_loss(model.vision(images), scene_map)  # each image once, not per question
+    assert metrics["scene_map_bce"] == pytest.approx(float(own), rel=1e-5)
+    assert float(loss) == pytest.approx(float(plain.detach()) + float(own), rel=1e-5)
+    decode = DecodeConfig(steps=3)
+    torch.testing.assert_close(
+        model.answer_ids(grouped, decode).tokens, model.answer_ids(copied, decode).tokens
+    )
+
+
+def test_text_film_starts_as_the_identity_and_conditions_image_tokens_on_the_text():
+    torch.manual_seed(0)
+    plain = tiny_vla(cameras=("scene",))
+    film = tiny_vla(cameras=("scene",), text_film=True)
+    film.load_state_dict(plain.state_dict(), strict=False)  # all but the FiLM layers
+    obs = fake_observation(3, ["scene"], 32, 6, 50, None)
+    embeds, _ = plain.prefix_embeds(obs)
+    torch.testing.assert_close(film.prefix_embeds(obs)[0], embeds)  # zero-initialised: identity
+    torch.nn.init.normal_(film.text_film.to_scale_shift[-1].weight, std=0.5)
+    n = film.vision.tokens_per_camera
+    conditioned = film.prefix_embeds(obs)[0][:, :n]  # (B, N, d) image tokens
+    other = Observation(obs.images, obs.text_ids.flip(0), obs.text_valid.flip(0))  # other questions
+    assert not torch.allclose(film.prefix_embeds(other)[0][:, :n], conditioned)
+    padded = obs.text_ids.clone()
+    padded[~obs.text_valid] = 7  # what sits under the padding does not count
+    same = Observation(obs.images, padded, obs.text_valid)
+    torch.testing.assert_close(film.prefix_embeds(same)[0][:, :n], conditioned)
+    answers = torch.tensor([[10, 2, 2], [11, 12, 2], [13, 2, 2]])
+    loss, _ = film.compute_vqa_loss(VQABatch(obs, answers))
+    loss.backward()
+    assert film.text_film.to_scale_shift[0].weight.grad.abs().sum() > 0
 
 
 def test_bad_model_configs():

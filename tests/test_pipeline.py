@@ -32,16 +32,19 @@ def tiny_vqa(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cotrained(tiny_dataset, tiny_vqa, tmp_path_factory):
-    """A tiny checkpoint co-trained on robot chunks and VQA scenes (every other batch)."""
+    """A tiny checkpoint co-trained on robot chunks and VQA scenes (every other batch), with the
+    VQA questions grouped by image and the auxiliary scene map."""
     root, _ = tiny_dataset
     config = tiny_train_config(
         root,
         tmp_path_factory.mktemp("train") / "cotrain",
         steps=4,
-        vqa=VQADataConfig(root=str(tiny_vqa), ratio=0.5, image_size=32),
+        vqa=VQADataConfig(root=str(tiny_vqa), ratio=0.5, image_size=32, images_per_batch=2),
         tensorboard=False,
     )
     config.model.vision.cameras = ["corner2", "gripperPOV", "scene"]
+    # VQA batches of 2 scenes with all their questions, and the scene-map target on a 2 x 2 grid
+    config.model.vision.tokens_per_camera, config.model.scene_map_weight = 4, 1.0
     return train(config).checkpoint
 
 
@@ -53,6 +56,8 @@ def test_mixing_pattern_is_fixed_and_resumable():
 
 def test_cotrained_checkpoint_acts_and_answers(cotrained, tiny_vqa):
     info = checkpoint_info(cotrained)
+    config = load_checkpoint(cotrained)[0].config
+    assert config.scene_map_weight == 1.0 and load_checkpoint(cotrained)[0].scene_map_grid == 2
     assert sorted(info["tasks"]) == ["Open a door with a revolving joint", "Reach a goal position"]
     assert info["vqa"] == str(tiny_vqa)
     policy = DiffusionVLAPolicy.from_pretrained(cotrained)
@@ -246,13 +251,16 @@ def test_finetune_to_another_robot(cotrained, tmp_path):
     assert main(["rollout", "--checkpoint", str(result.checkpoint), "--tasks", "reach-v3"]) == 1
 
 
-def test_finetune_takes_the_simulator_state_target_from_the_new_run():
+def test_finetune_takes_the_auxiliary_targets_from_the_new_run():
     old = DiffusionVLAConfig(
         backbone=BackboneSize(64, 128, 2, 4), sim_state_dim=39, sim_state_emphasis="36:39=40"
     )
-    new = DiffusionVLAConfig(sim_state_dim=6, sim_state_weight=2.0, sim_state_emphasis="0:3=5")
+    new = DiffusionVLAConfig(
+        sim_state_dim=6, sim_state_weight=2.0, sim_state_emphasis="0:3=5", scene_map_weight=0.5
+    )
     merged = finetune_config(old, new)
     assert (merged.sim_state_dim, merged.sim_state_weight, merged.sim_state_emphasis) == (6, 2.0, "0:3=5")
+    assert merged.scene_map_weight == 0.5
     assert merged.backbone == old.backbone  # the architecture stays the checkpoint's
 
 

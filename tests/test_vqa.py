@@ -5,10 +5,12 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
-from dvla.data import VQAScenes, collate
+from dvla.data import VQAScenes, VQAScenesByImage, collate, collate_by_image
 from dvla.sim.vqa_dataset import HELD_OUT, build_vqa_dataset
 from dvla.sim.vqa_questions import NUMBER_WORDS, QUESTION_TYPES, generate_questions
+from dvla.sim.vqa_scene_map import CHANNELS, scene_map
 from dvla.sim.vqa_scenes import (
     COLORS,
     SHAPES,
@@ -131,6 +133,24 @@ def test_rendered_image_shows_each_object_where_the_metadata_says(renderer):
             assert max(cosine, key=cosine.get) == obj.color, (obj, pixel)
 
 
+def test_scene_map_marks_each_object_in_the_cell_mujoco_shows_it_in(renderer):
+    """The map's cells hold exactly the attributes of the objects whose centres MuJoCo's camera
+    projects into them (rows top to bottom, columns left to right, like the encoder's tokens)."""
+    rng = np.random.default_rng(4)
+    for grid in (4, 8):
+        for _ in range(5):
+            objects = sample_scene(rng)
+            expected = [set() for _ in range(grid * grid)]
+            for o in objects:
+                col, row, _ = renderer.project(o.x, o.y, SIZES[o.size])
+                cell = int(row * grid / 128) * grid + int(col * grid / 128)
+                names = (f"color={o.color}", f"shape={o.shape}", f"size={o.size}", f"{o.color} {o.shape}")
+                expected[cell] |= set(names)
+            found = scene_map(objects, grid)  # (G*G, C)
+            assert found.shape == (grid * grid, len(CHANNELS)) == (grid * grid, 37)
+            assert [{CHANNELS[i] for i in np.flatnonzero(cell)} for cell in found] == expected
+
+
 def test_built_dataset_splits_and_loading(tmp_path, renderer):
     root = tmp_path / "vqa"
     report = build_vqa_dataset(root, scenes=20, image_size=48, seed=0)
@@ -155,6 +175,20 @@ def test_built_dataset_splits_and_loading(tmp_path, renderer):
     batch = collate([data[0], data[1]])
     assert batch["images"]["scene"].shape == (2, 3, 32, 32)
     assert isinstance(batch["question"][0], str) and batch["question_type"][0] in QUESTION_TYPES
+    assert "scene_map" not in batch
+    grouped = VQAScenesByImage(VQAScenes(root, "train", image_size=32))
+    assert len(grouped) == 16 and sum(len(r) for r in grouped.rows) == len(dd["train"])
+    two = collate_by_image([grouped[0], grouped[1]])
+    assert two["images"]["scene"].shape == (2, 3, 32, 32)
+    rows = grouped.rows[0] + grouped.rows[1]
+    assert two["question"] == dd["train"][rows]["question"] and two["answer"] == dd["train"][rows]["answer"]
+    assert len(set(dd["train"][grouped.rows[0]]["scene_id"])) == 1  # one scene per item
+    plain = VQAScenes(root, "train", image_size=32)
+    for j, i in enumerate(two["image_index"].tolist()):  # each question points at its own scene's image
+        assert torch.equal(two["images"]["scene"][i], plain[rows[j]]["images"]["scene"])
+    mapped = VQAScenes(root, "test", image_size=32, scene_map_grid=4)
+    objects = [SceneObject(**o) for o in json.loads(dd["test"][1]["objects"])]
+    np.testing.assert_array_equal(mapped[1]["scene_map"].numpy(), scene_map(objects, 4))
 
     # deterministic: the same seed builds the same questions
     again = build_vqa_dataset(tmp_path / "vqa2", scenes=20, image_size=48, seed=0)

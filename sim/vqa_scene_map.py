@@ -1,0 +1,42 @@
+"""The scene map: what a VQA scene holds in each cell of an image grid, from its ground truth.
+
+An auxiliary training target (`--model.scene_map_weight`): each image token of the scene camera
+predicts which colours, shapes, sizes and colour-shape pairs have an object centred in its cell, so
+the vision encoder learns to see objects before the backbone learns to answer about them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dvla.sim.vqa_scenes import CAMERA_FOVY, COLORS, SHAPES, SIZES, SceneObject, object_view
+
+COLOR_NAMES, SIZE_NAMES = tuple(COLORS), tuple(SIZES)
+# Channels per cell: one per colour, shape, size and colour-shape pair (8 + 3 + 2 + 24 = 37).
+CHANNELS = (
+    [f"color={c}" for c in COLOR_NAMES]
+    + [f"shape={s}" for s in SHAPES]
+    + [f"size={s}" for s in SIZE_NAMES]
+    + [f"{c} {s}" for c in COLOR_NAMES for s in SHAPES]
+)
+
+
+def image_position(obj: SceneObject) -> tuple[float, float]:
+    """Where the object's centre appears, as (column, row) fractions of the image in [0, 1]."""
+    u, v, _ = object_view(obj)
+    half = np.tan(np.deg2rad(CAMERA_FOVY) / 2)
+    return 0.5 + u / (2 * half), 0.5 - v / (2 * half)
+
+
+def scene_map(objects: list[SceneObject], grid: int) -> np.ndarray:
+    """(grid * grid, len(CHANNELS)) multi-hot map, cells in row order like the encoder's tokens."""
+    out = np.zeros((grid, grid, len(CHANNELS)), dtype=np.float32)
+    n_colors, n_shapes = len(COLOR_NAMES), len(SHAPES)
+    for obj in objects:
+        col, row = image_position(obj)
+        i = min(max(int(row * grid), 0), grid - 1)
+        j = min(max(int(col * grid), 0), grid - 1)
+        c, s, z = COLOR_NAMES.index(obj.color), SHAPES.index(obj.shape), SIZE_NAMES.index(obj.size)
+        pair = n_colors + n_shapes + len(SIZE_NAMES) + c * n_shapes + s
+        out[i, j, [c, n_colors + s, n_colors + n_shapes + z, pair]] = 1.0
+    return out.reshape(grid * grid, len(CHANNELS))
