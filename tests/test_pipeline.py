@@ -253,7 +253,10 @@ def test_finetune_to_another_robot(cotrained, tmp_path):
 
 def test_finetune_takes_the_auxiliary_targets_from_the_new_run():
     old = DiffusionVLAConfig(
-        backbone=BackboneSize(64, 128, 2, 4), sim_state_dim=39, sim_state_emphasis="36:39=40"
+        backbone=BackboneSize(64, 128, 2, 4),
+        sim_state_dim=39,
+        sim_state_emphasis="36:39=40",
+        text_film=True,
     )
     new = DiffusionVLAConfig(
         sim_state_dim=6, sim_state_weight=2.0, sim_state_emphasis="0:3=5", scene_map_weight=0.5
@@ -261,7 +264,7 @@ def test_finetune_takes_the_auxiliary_targets_from_the_new_run():
     merged = finetune_config(old, new)
     assert (merged.sim_state_dim, merged.sim_state_weight, merged.sim_state_emphasis) == (6, 2.0, "0:3=5")
     assert merged.scene_map_weight == 0.5
-    assert merged.backbone == old.backbone  # the architecture stays the checkpoint's
+    assert merged.backbone == old.backbone and merged.text_film  # the architecture stays the checkpoint's
 
 
 def test_resume_refuses_other_model_settings(cotrained, tiny_dataset, tmp_path):
