@@ -275,7 +275,7 @@ class VQAScenesByImage(torch.utils.data.Dataset):
         for row, scene in enumerate(questions.data["scene_id"]):
             groups.setdefault(scene, []).append(row)
         self.rows = list(groups.values())
-        self.text = questions.data.select_columns(["question", "answer", "question_type"])
+        self.text = questions.data.select_columns(list(TEXT_FIELDS))
 
     def __len__(self) -> int:
         return len(self.rows)

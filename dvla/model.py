@@ -318,7 +318,7 @@ class DiffusionVLA(nn.Module):
         k = self.vision.tokens_per_camera
         if scene_map.shape[1] != k:
             raise ValueError(f"a scene map of {scene_map.shape[1]} cells for {k} image tokens per camera")
-        logits = self.scene_map_head(image_tokens[:, :k]).float()  # (B, K, C)
+        logits = self.scene_map_head(image_tokens[:, :k]).float()  # (I, K, C)
         return F.binary_cross_entropy_with_logits(logits, scene_map.float())
 
     # ---- inference ------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class DiffusionVLAPolicy:
         if "image_index" in sample:  # questions grouped by image (VQAScenesByImage)
             obs.image_index = sample["image_index"].to(self.device)
         answers = encode_answers(self.tokenizer, sample["answer"], self.model.config.answer_tokens)
-        scene_map = sample.get("scene_map")  # (B, G*G, C), with the auxiliary scene-map target
+        scene_map = sample.get("scene_map")  # (I, G*G, C) per image, with the scene-map target
         if scene_map is not None:
             scene_map = scene_map.to(self.device)
         return VQABatch(obs, answers.to(self.device), scene_map)
