@@ -269,13 +269,20 @@ class VQAScenesByImage(torch.utils.data.Dataset):
     vision encoder reads it once for all of them (`--vqa.images_per_batch`; batch with
     `collate_by_image`)."""
 
-    def __init__(self, questions: VQAScenes):
+    def __init__(self, questions: VQAScenes, extra_spatial: int = 0, seed: int = 0):
+        """`extra_spatial` adds that many more spatial questions to each scene, generated from its
+        ground truth (`dvla.sim.vqa_questions`) and fixed by (seed, scene): other object pairs and
+        relations of the same image, as a training augmentation; the stored questions stay."""
+        if extra_spatial < 0:
+            raise ValueError(f"extra_spatial must be >= 0, got {extra_spatial}")
         self.questions = questions
         groups: dict[int, list[int]] = {}
         for row, scene in enumerate(questions.data["scene_id"]):
             groups.setdefault(scene, []).append(row)
         self.rows = list(groups.values())
         self.text = questions.data.select_columns(list(TEXT_FIELDS))
+        self.objects = questions.data.select_columns(["objects"])
+        self.extra_spatial, self.seed = extra_spatial, seed
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -283,7 +290,29 @@ class VQAScenesByImage(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict:
         rows = self.rows[int(index)]
         first = self.questions[rows[0]]  # the image (and scene map) once
-        return {**first, **self.text[rows]}  # question, answer, question_type: lists over its rows
+        text = self.text[rows]  # question, answer, question_type: lists over its rows
+        if self.extra_spatial:
+            text = self._add_spatial(int(index), rows[0], text)
+        return {**first, **text}
+
+    def _add_spatial(self, index: int, row: int, text: dict) -> dict:
+        from dvla.sim.vqa_questions import spatial_question
+        from dvla.sim.vqa_scenes import SceneObject
+
+        objects = [SceneObject(**o) for o in json.loads(self.objects[row]["objects"])]
+        rng = np.random.default_rng([self.seed, index])
+        text = {k: list(v) for k, v in text.items()}
+        asked, added = set(text["question"]), 0
+        for _ in range(4 * self.extra_spatial):  # a scene of two objects has few distinct questions
+            qa = spatial_question(objects, rng)
+            if qa is not None and qa.question not in asked:
+                asked.add(qa.question)
+                added += 1
+                for key, value in zip(TEXT_FIELDS, (qa.question, qa.answer, qa.question_type), strict=True):
+                    text[key].append(value)
+            if added == self.extra_spatial:
+                break
+        return text
 
 
 def collate_by_image(samples: list[dict]) -> dict:

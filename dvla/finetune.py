@@ -54,6 +54,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         sim_state_reads=new.sim_state_reads,
         sim_state_emphasis=new.sim_state_emphasis,
         scene_map_weight=new.scene_map_weight,
+        scene_map_positions=new.scene_map_positions,
     )
 
 

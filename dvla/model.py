@@ -30,6 +30,9 @@ from dvla.model_config import DiffusionVLAConfig
 from dvla.sim_state_head import VisionStateHead, emphasis_weights, weighted_mse
 from dvla.vision.encoder import VisionEncoder
 from dvla.vision.film import TextFiLM
+from dvla.vision.relation import RelationToken
+
+RELATION_QUERIES = 4  # attention queries the relation token pools the question with
 
 
 @dataclass
@@ -115,13 +118,18 @@ class DiffusionVLA(nn.Module):
                 nn.Linear(d, d), nn.GELU(), nn.Linear(d, config.sim_state_dim)
             )
         self.scene_map_head = self._scene_map_head(d) if config.scene_map_weight > 0 else None
-        self.text_film = TextFiLM(d) if config.text_film else None
+        self.text_film = (
+            TextFiLM(d, config.text_film_queries, config.max_text_tokens) if config.text_film else None
+        )
+        self.relation = (
+            RelationToken(d, RELATION_QUERIES, config.max_text_tokens) if config.relation_token else None
+        )
         if config.sim_state_dim:
             weights = emphasis_weights(config.sim_state_emphasis, config.sim_state_dim)  # (E,)
             self.register_buffer("sim_state_dim_weights", weights, persistent=False)
 
     def _scene_map_head(self, d: int) -> nn.Module:
-        from dvla.sim.vqa_scene_map import CHANNELS
+        from dvla.sim.vqa_scene_map import CHANNELS, POSITION_CHANNELS
 
         k = self.vision.tokens_per_camera
         if math.isqrt(k) ** 2 != k:
@@ -129,7 +137,8 @@ class DiffusionVLA(nn.Module):
                 f"scene_map_weight needs a square grid of image tokens; tokens_per_camera is {k} "
                 "(use 16, 64, ...)"
             )
-        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, len(CHANNELS)))
+        outputs = len(CHANNELS) + (len(POSITION_CHANNELS) if self.config.scene_map_positions else 0)
+        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, outputs))
 
     @property
     def scene_map_grid(self) -> int | None:
@@ -149,6 +158,8 @@ class DiffusionVLA(nn.Module):
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
         if self.text_film is not None:
             image_tokens = self.text_film(image_tokens, text, obs.text_valid)  # (B, N, d)
+        if self.relation is not None:  # (B, N + 1, d): the relation token after the image tokens
+            image_tokens = torch.cat([image_tokens, self.relation(image_tokens, text, obs.text_valid)], 1)
         parts, valid = (
             [image_tokens, text],
             [torch.ones(image_tokens.shape[:2], dtype=torch.bool), obs.text_valid],
@@ -306,20 +317,34 @@ class DiffusionVLA(nn.Module):
         logits = self.text_logits(hidden[:, -target.shape[1] :])  # (B, A, V)
         loss, metrics = masked_diffusion_loss(logits, answers, masked, t)
         if self.scene_map_head is not None and batch.scene_map is not None:
-            aux = self.scene_map_loss(image_tokens, batch.scene_map)
-            metrics = {**metrics, "answer_loss": float(loss.detach()), "scene_map_bce": float(aux.detach())}
+            aux, aux_metrics = self.scene_map_loss(image_tokens, batch.scene_map)
+            metrics = {**metrics, "answer_loss": float(loss.detach()), **aux_metrics}
             loss = loss + self.config.scene_map_weight * aux
         return loss, metrics
 
-    def scene_map_loss(self, image_tokens: torch.Tensor, scene_map: torch.Tensor) -> torch.Tensor:
-        """Mean binary cross-entropy of the scene map read off the first camera's grid tokens
-        (I, N, d), one row per image; a VQA batch carries only the scene camera. scene_map (I, K, C)
-        multi-hot."""
-        k = self.vision.tokens_per_camera
+    def scene_map_loss(
+        self, image_tokens: torch.Tensor, scene_map: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The scene map read off the first camera's grid tokens (I, N, d), one row per image (a VQA
+        batch carries only the scene camera): mean binary cross-entropy of the multi-hot channels of
+        scene_map (I, K, C + P), plus with scene_map_positions the mean squared error of the
+        positions present (the NaN-free entries)."""
+        from dvla.sim.vqa_scene_map import CHANNELS
+
+        k, c = self.vision.tokens_per_camera, len(CHANNELS)
         if scene_map.shape[1] != k:
             raise ValueError(f"a scene map of {scene_map.shape[1]} cells for {k} image tokens per camera")
-        logits = self.scene_map_head(image_tokens[:, :k]).float()  # (I, K, C)
-        return F.binary_cross_entropy_with_logits(logits, scene_map.float())
+        out = self.scene_map_head(image_tokens[:, :k]).float()  # (I, K, C [+ P])
+        target = scene_map.float()
+        loss = F.binary_cross_entropy_with_logits(out[..., :c], target[..., :c])
+        metrics = {"scene_map_bce": float(loss.detach())}
+        if self.config.scene_map_positions:
+            present = target[..., c:].isfinite()  # (I, K, P)
+            error = (out[..., c:] - target[..., c:].nan_to_num()).square()[present]
+            mse = error.mean() if error.numel() else out[..., c:].sum() * 0.0
+            metrics["scene_map_position_mse"] = float(mse.detach())
+            loss = loss + mse
+        return loss, metrics
 
     # ---- inference ------------------------------------------------------------------------------
     @torch.no_grad()

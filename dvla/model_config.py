@@ -65,9 +65,19 @@ class DiffusionVLAConfig:
     # (`dvla.sim.vqa_scene_map`, from the scene's ground truth; training only, never an input).
     # This is the weight of its binary cross-entropy in the VQA loss. Needs a square token grid.
     scene_map_weight: float = 0.0
+    # The scene map also regresses each of those objects' image column, row and depth (squared
+    # error in cells, same weight), so the tokens carry positions finer than their cell.
+    scene_map_positions: bool = False
     # Condition the image tokens on the instruction or question (FiLM: a channel-wise scale and
-    # shift from the mean text embedding, `dvla.vision.film`), starting as the identity.
+    # shift from the text embeddings, `dvla.vision.film`), starting as the identity.
     text_film: bool = False
+    # How FiLM pools the text: 0 = the mean of its embeddings (blind to word order); N = N learned
+    # attention queries over the embeddings plus learned positions, so "is the red cube left of the
+    # blue sphere?" and "is the blue sphere left of the red cube?" condition differently.
+    text_film_queries: int = 0
+    # One more prefix token after the image tokens: a relation network (`dvla.vision.relation`) that
+    # reads every pair of image tokens with the question, for questions comparing two objects.
+    relation_token: bool = False
 
     def __post_init__(self):
         if self.action_head not in ACTION_HEADS:
@@ -77,6 +87,12 @@ class DiffusionVLAConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scene_map_weight < 0:
             raise ValueError(f"scene_map_weight must be >= 0, got {self.scene_map_weight}")
+        if self.scene_map_positions and not self.scene_map_weight:
+            raise ValueError("scene_map_positions needs the scene map: set scene_map_weight > 0")
+        if self.text_film_queries < 0 or (self.text_film_queries and not self.text_film):
+            raise ValueError(
+                f"text_film_queries must be >= 0 and needs text_film: true, got {self.text_film_queries}"
+            )
         if self.sim_state_dim < 0 or self.sim_state_weight < 0:
             raise ValueError(
                 "sim_state_dim and sim_state_weight must be >= 0, "

@@ -7,7 +7,6 @@ and re-plans (receding horizon). Success is `info["success"]` at any step within
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import warnings
@@ -20,6 +19,8 @@ import numpy as np
 import torch
 
 from dvla.metrics import wilson_interval
+from dvla.precision import autocast as precision_autocast
+from dvla.precision import resolve_precision
 from dvla.rollout_config import RolloutConfig
 from dvla.rollout_progress import PARTIAL_FILE, load_partial, restore_timing, rollout_protocol, save_partial
 
@@ -69,11 +70,8 @@ def make_actor(config: RolloutConfig):
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
     device = resolve_device(config.device)
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
-        if config.mixed_precision == "bf16"
-        else contextlib.nullcontext()
-    )
+    config.mixed_precision = resolve_precision(config.mixed_precision, device)  # "auto": bf16 or no
+    autocast = precision_autocast(config.mixed_precision, device)
     lerobot_path = resolve_lerobot_policy(config.checkpoint)
     if lerobot_path is not None:
         actor = LeRobotActor(lerobot_path, device, autocast)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dvla.backbone.decoder import DecodeConfig, action_decode_config
+from dvla.precision import check_precision
 from dvla.sim.tasks import EVAL_SEED_START
 
 
@@ -47,8 +48,9 @@ class RolloutConfig:
     resume: bool = False
     # Run tasks whose instruction the checkpoint never saw in training (zero-shot language).
     allow_unseen_tasks: bool = False
-    # "bf16" autocast for the policy (fast on CPUs with AMX and on GPUs) or "no" (fp32).
-    mixed_precision: str = "bf16"
+    # "bf16" autocast for the policy, "no" (fp32) or "auto" (bf16 where it is fast: GPUs and CPUs
+    # with AMX or AVX512-BF16; see `dvla.precision`).
+    mixed_precision: str = "auto"
     # "auto" = cuda when available, else cpu.
     device: str = "auto"
 
@@ -66,5 +68,4 @@ class RolloutConfig:
             raise ValueError(f"max_steps must be in [1, 500], got {self.max_steps}")
         if self.videos_per_task < 0:
             raise ValueError(f"videos_per_task must be >= 0, got {self.videos_per_task}")
-        if self.mixed_precision not in ("bf16", "no"):
-            raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")
+        self.mixed_precision = check_precision(self.mixed_precision)

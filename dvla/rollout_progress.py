@@ -25,7 +25,7 @@ def rollout_protocol(config, checkpoint, image_size: int, device_type: str) -> d
         "n_action_steps": config.n_action_steps,
         "decode": decode,
         "image_size": image_size,
-        "mixed_precision": config.mixed_precision,
+        "mixed_precision": config.mixed_precision,  # as resolved by make_actor ("bf16" or "no")
         "device": device_type,
     }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import draccus
 import torch
 
+from dvla.precision import resolve_precision
 from dvla.train_config import TrainConfig
 from dvla.train_data import ROBOT, VQA, MixedBatches, ResumableBatchSampler, make_loader, mixing_ratio
 
@@ -23,7 +24,7 @@ TRAINING_STATE = "training_state.pt"
 
 
 # auxiliary-target metrics of the model's loss -> their short name on the progress bar
-AUX_METRICS = {"sim_state_mse": "sim_mse", "scene_map_bce": "map_bce"}
+AUX_METRICS = {"sim_state_mse": "sim_mse", "scene_map_bce": "map_bce", "scene_map_position_mse": "pos_mse"}
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -65,9 +66,13 @@ def train(config: TrainConfig) -> TrainResult:
     robot = robot_dataset(config.robot_datasets)
     vqa = VQAScenes(config.vqa.root, config.vqa.split, config.vqa.image_size) if config.vqa.root else None
     ratio = mixing_ratio(robot is not None, vqa is not None, config.vqa.ratio)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(config.mixed_precision, device)
+    if precision != config.mixed_precision:
+        print(f"mixed_precision {config.mixed_precision} -> {precision} on this {device.type}")
     accelerator = Accelerator(
-        cpu=not torch.cuda.is_available(),
-        mixed_precision=config.mixed_precision,
+        cpu=device.type == "cpu",
+        mixed_precision=precision,
         log_with=config.trackers or None,
         project_dir=str(output / "logs"),
         # co-training batches leave the action (or answer) layers unused; DDP must not wait for them
@@ -210,7 +215,7 @@ def _vqa_loader(config: TrainConfig, vqa, start_batch: int):
     seed = config.seed + 1
     if config.vqa.images_per_batch is None:
         return make_loader(vqa, config.batch_size, seed, start_batch, config.num_workers)
-    scenes = VQAScenesByImage(vqa)
+    scenes = VQAScenesByImage(vqa, config.vqa.extra_spatial_questions, seed=config.seed)
     return make_loader(
         scenes, config.vqa.images_per_batch, seed, start_batch, config.num_workers, collate_by_image
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from dvla.data import LeRobotDataConfig
 from dvla.model_config import DiffusionVLAConfig
+from dvla.precision import check_precision
 
 
 @dataclass
@@ -41,12 +42,21 @@ class VQADataConfig:
     # vision encoder reads each image once for all of them; None = batch_size questions, each
     # with its own copy of its image.
     images_per_batch: int | None = None
+    # With images_per_batch: ask this many more spatial questions about each training scene, made
+    # from its stored ground truth (other object pairs and relations of the same image, fixed per
+    # scene), since one spatial question per scene is too few to learn relations from.
+    extra_spatial_questions: int = 0
 
     def __post_init__(self):
         if not 0.0 < self.ratio < 1.0:
             raise ValueError(f"vqa.ratio must be in (0, 1), got {self.ratio}")
         if self.images_per_batch is not None and self.images_per_batch < 1:
             raise ValueError(f"vqa.images_per_batch must be >= 1, got {self.images_per_batch}")
+        if self.extra_spatial_questions < 0 or (self.extra_spatial_questions and not self.images_per_batch):
+            raise ValueError(
+                "vqa.extra_spatial_questions must be >= 0 and needs vqa.images_per_batch (the questions "
+                f"are added per scene), got {self.extra_spatial_questions}"
+            )
 
 
 @dataclass
@@ -95,8 +105,9 @@ class TrainConfig:
     # Exponential moving average of the weights with this decay (e.g. 0.999), saved as the checkpoint's
     # model; None = off.
     ema_decay: float | None = None
-    # "bf16" autocast (CPU with AMX, or GPU) or "no" (fp32).
-    mixed_precision: str = "bf16"
+    # "bf16" autocast, "no" (fp32) or "auto": bf16 on a GPU or a CPU with native bf16 (AMX,
+    # AVX512-BF16), fp32 on other CPUs, where emulated bf16 is ~10x slower (`dvla.precision`).
+    mixed_precision: str = "auto"
     # Log loss, learning rate and samples/s to TensorBoard under <output_dir>/logs.
     tensorboard: bool = True
     # Also log to Weights & Biases (needs `pip install wandb` and a login; off by default).
@@ -113,8 +124,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
-        if self.mixed_precision not in ("bf16", "no"):
-            raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")
+        self.mixed_precision = check_precision(self.mixed_precision)
         if self.wandb:
             import importlib.util
 

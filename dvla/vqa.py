@@ -7,7 +7,6 @@ Examples:
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import torch
 from dvla.backbone.decoder import DecodeConfig
 from dvla.checkpoint import resolve_checkpoint
 from dvla.policy import VQA_CAMERA
+from dvla.precision import autocast, check_precision, resolve_precision
 from dvla.processor import decode_answers
 
 MASK_SHOWN = "_"
@@ -45,7 +45,8 @@ class VQAConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     # Where the accuracy report goes (JSON); None = <output_dir>/vqa_<split>.json.
     output_dir: str = "outputs/vqa"
-    mixed_precision: str = "bf16"
+    # "bf16" autocast, "no" (fp32) or "auto" (bf16 where the CPU runs it natively; `dvla.precision`).
+    mixed_precision: str = "auto"
 
     def __post_init__(self):
         if not self.checkpoint:
@@ -57,8 +58,7 @@ class VQAConfig:
             raise ValueError("--image and --question go together")
         if self.batch_size < 1 or (self.limit is not None and self.limit < 1):
             raise ValueError("batch_size and limit must be >= 1")
-        if self.mixed_precision not in ("bf16", "no"):
-            raise ValueError(f"mixed_precision must be 'bf16' or 'no', got {self.mixed_precision!r}")
+        self.mixed_precision = check_precision(self.mixed_precision)
 
 
 def load_vqa_policy(checkpoint: str, decode: DecodeConfig):
@@ -186,9 +186,8 @@ def format_accuracy(report: dict) -> str:
 
 
 def _autocast(config: VQAConfig):
-    if config.mixed_precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    cpu = torch.device("cpu")
+    return autocast(resolve_precision(config.mixed_precision, cpu), cpu)
 
 
 def run(config: VQAConfig):

@@ -2,7 +2,9 @@
 
 An auxiliary training target (`--model.scene_map_weight`): each image token of the scene camera
 predicts which colours, shapes, sizes and colour-shape pairs have an object centred in its cell, so
-the vision encoder learns to see objects before the backbone learns to answer about them.
+the vision encoder learns to see objects before the backbone learns to answer about them. With
+`--model.scene_map_positions` it also regresses where each such object is (image column, image row
+and depth, in cell units), so spatial questions can tell apart objects closer than one cell.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ CHANNELS = (
 )
 
 
+# Position channels: (column, row, depth) of each colour-shape pair centred in the cell, NaN where
+# the cell holds none. Column and row span the image, depth the table's range of viewing distances
+# (metres along the camera axis), each scaled to [0, grid] so an error of 1 is one cell.
+POSITION_AXES = ("column", "row", "depth")
+POSITION_CHANNELS = [f"{c} {s} {axis}" for c in COLOR_NAMES for s in SHAPES for axis in POSITION_AXES]
+DEPTH_RANGE = (0.8, 1.13)
+
+
 def image_position(obj: SceneObject) -> tuple[float, float]:
     """Where the object's centre appears, as (column, row) fractions of the image in [0, 1]."""
     u, v, _ = object_view(obj)
@@ -29,9 +39,12 @@ def image_position(obj: SceneObject) -> tuple[float, float]:
 
 
 def scene_map(objects: list[SceneObject], grid: int) -> np.ndarray:
-    """(grid * grid, len(CHANNELS)) multi-hot map, cells in row order like the encoder's tokens."""
+    """(grid * grid, len(CHANNELS) + len(POSITION_CHANNELS)): the multi-hot map, then the positions
+    (NaN where absent); cells in row order like the encoder's tokens."""
     out = np.zeros((grid, grid, len(CHANNELS)), dtype=np.float32)
+    positions = np.full((grid, grid, len(COLOR_NAMES) * len(SHAPES), len(POSITION_AXES)), np.nan, np.float32)
     n_colors, n_shapes = len(COLOR_NAMES), len(SHAPES)
+    near, far = DEPTH_RANGE
     for obj in objects:
         col, row = image_position(obj)
         i = min(max(int(row * grid), 0), grid - 1)
@@ -39,4 +52,7 @@ def scene_map(objects: list[SceneObject], grid: int) -> np.ndarray:
         c, s, z = COLOR_NAMES.index(obj.color), SHAPES.index(obj.shape), SIZE_NAMES.index(obj.size)
         pair = n_colors + n_shapes + len(SIZE_NAMES) + c * n_shapes + s
         out[i, j, [c, n_colors + s, n_colors + n_shapes + z, pair]] = 1.0
-    return out.reshape(grid * grid, len(CHANNELS))
+        depth = (object_view(obj)[2] - near) / (far - near)
+        positions[i, j, c * n_shapes + s] = np.array([col, row, depth]) * grid
+    cells = grid * grid
+    return np.concatenate([out.reshape(cells, -1), positions.reshape(cells, -1)], axis=1)

@@ -313,6 +313,34 @@ def test_scene_map_target_read_off_the_scene_tokens():
         DiffusionVLAConfig(scene_map_weight=-1.0)
 
 
+def test_scene_map_positions_regress_where_the_objects_are():
+    """With scene_map_positions the head also outputs the position channels; their squared error
+    over the present (finite) entries adds to the binary cross-entropy, and reaches the encoder."""
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("scene",), scene_map_weight=1.0, scene_map_positions=True)
+    obs = fake_observation(2, ["scene"], 32, 6, 50, None)
+    target = torch.cat([(torch.rand(2, 4, 37) < 0.1).float(), torch.full((2, 4, 72), float("nan"))], -1)
+    target[0, 1, 37:40] = torch.tensor([1.2, 0.7, 1.5])  # one object: column, row, depth in cells
+    target[1, 3, 40:43] = torch.tensor([1.9, 1.1, 0.2])
+    tokens = model.vision(obs.images)  # (I, 4, d)
+    loss, metrics = model.scene_map_loss(tokens, target)
+    out = model.scene_map_head(tokens)  # (I, 4, 109)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(out[..., :37], target[..., :37])
+    mse = (
+        (out[0, 1, 37:40] - target[0, 1, 37:40]).square().sum()
+        + (out[1, 3, 40:43] - target[1, 3, 40:43]).square().sum()
+    ) / 6
+    assert metrics["scene_map_position_mse"] == pytest.approx(float(mse), rel=1e-4)
+    assert float(loss) == pytest.approx(float(bce + mse), rel=1e-4)
+    loss.backward()
+    assert model.vision.backbone.conv1[0].weight.grad.abs().sum() > 0
+    without = tiny_vla(cameras=("scene",), scene_map_weight=1.0)  # the same target, positions unused
+    _, plain = without.scene_map_loss(without.vision(obs.images), target)
+    assert set(plain) == {"scene_map_bce"} and without.scene_map_head[-1].out_features == 37
+    with pytest.raises(ValueError, match="scene_map_weight > 0"):
+        DiffusionVLAConfig(scene_map_positions=True)
+
+
 def test_questions_sharing_an_image_equal_each_with_its_own_copy():
     """obs.image_index reads each image once for several questions: the answer loss and the
     answers equal those of a batch where every question has its own copy of the image; the
@@ -331,7 +359,7 @@ def test_questions_sharing_an_image_equal_each_with_its_own_copy():
     )
     plain, _ = model.compute_vqa_loss(VQABatch(copied, answers), generator=torch.Generator().manual_seed(2))
     assert metrics["answer_loss"] == pytest.approx(float(plain.detach()), rel=1e-5)
-    own = model.scene_map_loss(model.vision(images), scene_map)  # each image once, not per question
+    own, _ = model.scene_map_loss(model.vision(images), scene_map)  # each image once, not per question
     assert metrics["scene_map_bce"] == pytest.approx(float(own), rel=1e-5)
     assert float(loss) == pytest.approx(float(plain.detach()) + float(own), rel=1e-5)
     decode = DecodeConfig(steps=3)
@@ -361,6 +389,63 @@ def test_text_film_starts_as_the_identity_and_conditions_image_tokens_on_the_tex
     loss, _ = film.compute_vqa_loss(VQABatch(obs, answers))
     loss.backward()
     assert film.text_film.to_scale_shift[0].weight.grad.abs().sum() > 0
+
+
+def test_text_film_queries_see_word_order_and_ignore_padding():
+    """The mean cannot tell two orders of the same words apart; attention queries over positioned
+    embeddings can. Padding never counts, and the layer starts as the identity."""
+    torch.manual_seed(0)
+    obs = fake_observation(2, ["scene"], 32, 6, 50, None)
+    swapped = obs.text_ids.clone()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]  # the same words, two of them in the other order
+    valid = torch.ones_like(obs.text_valid)
+    n = 4
+    for queries, order_matters in ((0, False), (3, True)):
+        film = tiny_vla(cameras=("scene",), text_film=True, text_film_queries=queries)
+        identity = film.prefix_embeds(Observation(obs.images, obs.text_ids, valid))[0][:, :n]
+        torch.testing.assert_close(identity, film.vision(obs.images))  # zero-initialised
+        torch.nn.init.normal_(film.text_film.to_scale_shift[-1].weight, std=0.5)
+        tokens = film.prefix_embeds(Observation(obs.images, obs.text_ids, valid))[0][:, :n]
+        reordered = film.prefix_embeds(Observation(obs.images, swapped, valid))[0][:, :n]
+        assert torch.allclose(tokens, reordered, atol=1e-5) != order_matters
+        padded = obs.text_ids.clone()
+        padded[~obs.text_valid] = 7
+        torch.testing.assert_close(
+            film.prefix_embeds(Observation(obs.images, padded, obs.text_valid))[0][:, :n],
+            film.prefix_embeds(obs)[0][:, :n],
+        )
+    with pytest.raises(ValueError, match="text_film_queries"):
+        DiffusionVLAConfig(text_film_queries=2)
+
+
+def test_relation_token_reads_pairs_of_image_tokens_with_the_question():
+    """One more prefix token after the image tokens, computed from every ordered pair of them and
+    the question: it changes with the question's word order and with which image token shows what,
+    and its gradient reaches the encoder."""
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("scene",), relation_token=True)
+    obs = fake_observation(2, ["scene"], 32, 6, 50, None)
+    embeds, valid = model.prefix_embeds(obs)
+    n = model.vision.tokens_per_camera
+    assert embeds.shape[1] == n + 1 + obs.text_ids.shape[1] and valid[:, : n + 1].all()
+    text = model.backbone.embed(obs.text_ids)
+    tokens = model.vision(obs.images)  # (B, N, d)
+    relation = model.relation(tokens, text, obs.text_valid)  # (B, 1, d)
+    torch.testing.assert_close(embeds[:, n : n + 1], relation)
+    swapped = text.clone()
+    swapped[:, [0, 1]] = swapped[:, [1, 0]]
+    assert not torch.allclose(model.relation(tokens, swapped, obs.text_valid), relation)
+    reordered = tokens[:, torch.randperm(n)]  # a sum over pairs: where a token is comes from its
+    assert torch.allclose(model.relation(reordered, text, obs.text_valid), relation, atol=1e-5)  # features
+    shifted = tokens + torch.randn_like(tokens) * 0.1
+    assert not torch.allclose(model.relation(shifted, text, obs.text_valid), relation)
+    answers = torch.tensor([[10, 2, 2], [11, 12, 2]])
+    loss, _ = model.compute_vqa_loss(VQABatch(obs, answers))
+    loss.backward()
+    assert model.relation.pair[1].weight.grad.abs().sum() > 0
+    assert model.vision.backbone.conv1[0].weight.grad.abs().sum() > 0
+    decode = DecodeConfig(steps=2)
+    assert model.eval().answer_ids(obs, decode).tokens.shape == (2, model.config.answer_tokens)
 
 
 def test_bad_model_configs():

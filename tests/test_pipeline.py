@@ -39,13 +39,26 @@ def cotrained(tiny_dataset, tiny_vqa, tmp_path_factory):
         root,
         tmp_path_factory.mktemp("train") / "cotrain",
         steps=4,
-        vqa=VQADataConfig(root=str(tiny_vqa), ratio=0.5, image_size=32, images_per_batch=2),
+        vqa=VQADataConfig(
+            root=str(tiny_vqa), ratio=0.5, image_size=32, images_per_batch=2, extra_spatial_questions=2
+        ),
         tensorboard=False,
     )
     config.model.vision.cameras = ["corner2", "gripperPOV", "scene"]
-    # VQA batches of 2 scenes with all their questions, and the scene-map target on a 2 x 2 grid
+    # VQA batches of 2 scenes with all their questions (and 2 more spatial ones each), the scene-map
+    # target with positions on a 2 x 2 grid, order-aware FiLM and the relation token
     config.model.vision.tokens_per_camera, config.model.scene_map_weight = 4, 1.0
+    config.model.scene_map_positions = True
+    config.model.text_film, config.model.text_film_queries = True, 2
+    config.model.relation_token = True
     return train(config).checkpoint
+
+
+def test_vqa_data_config_errors():
+    with pytest.raises(ValueError, match="needs vqa.images_per_batch"):
+        VQADataConfig(root="x", extra_spatial_questions=2)
+    with pytest.raises(ValueError, match="images_per_batch must be >= 1"):
+        VQADataConfig(root="x", images_per_batch=0)
 
 
 def test_mixing_pattern_is_fixed_and_resumable():
@@ -58,6 +71,7 @@ def test_cotrained_checkpoint_acts_and_answers(cotrained, tiny_vqa):
     info = checkpoint_info(cotrained)
     config = load_checkpoint(cotrained)[0].config
     assert config.scene_map_weight == 1.0 and load_checkpoint(cotrained)[0].scene_map_grid == 2
+    assert config.scene_map_positions and config.text_film_queries == 2 and config.relation_token
     assert sorted(info["tasks"]) == ["Open a door with a revolving joint", "Reach a goal position"]
     assert info["vqa"] == str(tiny_vqa)
     policy = DiffusionVLAPolicy.from_pretrained(cotrained)

@@ -10,7 +10,7 @@ import torch
 from dvla.data import VQAScenes, VQAScenesByImage, collate, collate_by_image
 from dvla.sim.vqa_dataset import HELD_OUT, build_vqa_dataset
 from dvla.sim.vqa_questions import NUMBER_WORDS, QUESTION_TYPES, generate_questions
-from dvla.sim.vqa_scene_map import CHANNELS, scene_map
+from dvla.sim.vqa_scene_map import CHANNELS, DEPTH_RANGE, POSITION_CHANNELS, scene_map
 from dvla.sim.vqa_scenes import (
     COLORS,
     SHAPES,
@@ -135,20 +135,34 @@ def test_rendered_image_shows_each_object_where_the_metadata_says(renderer):
 
 def test_scene_map_marks_each_object_in_the_cell_mujoco_shows_it_in(renderer):
     """The map's cells hold exactly the attributes of the objects whose centres MuJoCo's camera
-    projects into them (rows top to bottom, columns left to right, like the encoder's tokens)."""
+    projects into them (rows top to bottom, columns left to right, like the encoder's tokens), and
+    their positions: MuJoCo's pixel column and row and depth, in cells; NaN for absent pairs."""
     rng = np.random.default_rng(4)
+    near, far = DEPTH_RANGE
     for grid in (4, 8):
         for _ in range(5):
             objects = sample_scene(rng)
             expected = [set() for _ in range(grid * grid)]
+            places = {}
             for o in objects:
-                col, row, _ = renderer.project(o.x, o.y, SIZES[o.size])
+                col, row, depth = renderer.project(o.x, o.y, SIZES[o.size])
                 cell = int(row * grid / 128) * grid + int(col * grid / 128)
                 names = (f"color={o.color}", f"shape={o.shape}", f"size={o.size}", f"{o.color} {o.shape}")
                 expected[cell] |= set(names)
-            found = scene_map(objects, grid)  # (G*G, C)
-            assert found.shape == (grid * grid, len(CHANNELS)) == (grid * grid, 37)
-            assert [{CHANNELS[i] for i in np.flatnonzero(cell)} for cell in found] == expected
+                places[cell, f"{o.color} {o.shape}"] = (
+                    col * grid / 128,
+                    row * grid / 128,
+                    (depth - near) / (far - near) * grid,
+                )
+            found = scene_map(objects, grid)  # (G*G, C + P)
+            assert found.shape == (grid * grid, 37 + 72) and len(CHANNELS) + len(POSITION_CHANNELS) == 109
+            hot, positions = found[:, :37], found[:, 37:].reshape(grid * grid, 24, 3)
+            assert [{CHANNELS[i] for i in np.flatnonzero(cell)} for cell in hot] == expected
+            assert np.isfinite(positions).all(-1).sum() == len(places)  # a (cell, pair) per object
+            for (cell, pair), place in places.items():
+                k = POSITION_CHANNELS.index(f"{pair} column") // 3
+                np.testing.assert_allclose(positions[cell, k], place, atol=1e-3 * grid)
+                assert 0 <= place[2] <= grid  # depth within the table's range
 
 
 def test_built_dataset_splits_and_loading(tmp_path, renderer):
@@ -186,6 +200,22 @@ def test_built_dataset_splits_and_loading(tmp_path, renderer):
     plain = VQAScenes(root, "train", image_size=32)
     for j, i in enumerate(two["image_index"].tolist()):  # each question points at its own scene's image
         assert torch.equal(two["images"]["scene"][i], plain[rows[j]]["images"]["scene"])
+    extra = VQAScenesByImage(VQAScenes(root, "train", image_size=32), extra_spatial=3, seed=5)
+    for i in range(4):  # the stored questions first, then up to 3 new spatial ones, all correct
+        item, stored = extra[i], dd["train"][grouped.rows[i]]
+        n = len(stored["question"])
+        assert item["question"][:n] == stored["question"] and item["answer"][:n] == stored["answer"]
+        added = list(zip(item["question"][n:], item["answer"][n:], item["question_type"][n:], strict=True))
+        assert 1 <= len(added) <= 3 and len(set(item["question"])) == len(item["question"])
+        objects = [SceneObject(**o) for o in json.loads(stored["objects"][0])]
+        for question, answer, kind in added:
+            assert kind == "spatial" and _oracle(question, objects, renderer) == answer
+        assert extra[i]["question"] == item["question"]  # fixed per (seed, scene)
+    assert collate_by_image([extra[0], extra[1]])["image_index"].shape == (
+        len(extra[0]["question"]) + len(extra[1]["question"]),
+    )
+    with pytest.raises(ValueError, match="extra_spatial"):
+        VQAScenesByImage(plain, extra_spatial=-1)
     mapped = VQAScenes(root, "test", image_size=32, scene_map_grid=4)
     objects = [SceneObject(**o) for o in json.loads(dd["test"][1]["objects"])]
     np.testing.assert_array_equal(mapped[1]["scene_map"].numpy(), scene_map(objects, 4))
