@@ -70,8 +70,7 @@ def make_actor(config: RolloutConfig):
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
     device = resolve_device(config.device)
-    config.mixed_precision = resolve_precision(config.mixed_precision, device)  # "auto": bf16 or no
-    autocast = precision_autocast(config.mixed_precision, device)
+    autocast = precision_autocast(resolve_precision(config.mixed_precision, device), device)
     lerobot_path = resolve_lerobot_policy(config.checkpoint)
     if lerobot_path is not None:
         actor = LeRobotActor(lerobot_path, device, autocast)
@@ -99,7 +98,9 @@ def rollout(config: RolloutConfig) -> dict:
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
     image_size = config.image_size or image_size or 128
-    protocol = rollout_protocol(config, checkpoint, image_size, resolve_device(config.device).type)
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.mixed_precision, device)  # "auto" -> what the episodes ran in
+    protocol = rollout_protocol(config, checkpoint, image_size, device.type, precision)
     wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
     partial = load_partial(output, protocol, config.resume, wanted)
     earlier_wall = restore_timing(partial, actor.stats) if partial else 0.0

@@ -15,7 +15,7 @@ import draccus
 PARTIAL_FILE = "partial.json"
 
 
-def rollout_protocol(config, checkpoint, image_size: int, device_type: str) -> dict:
+def rollout_protocol(config, checkpoint, image_size: int, device_type: str, precision: str) -> dict:
     """What an episode's outcome depends on besides its task and seed."""
     decode = draccus.encode(config.decode)
     decode.pop("record_history", None)  # bookkeeping only
@@ -25,7 +25,7 @@ def rollout_protocol(config, checkpoint, image_size: int, device_type: str) -> d
         "n_action_steps": config.n_action_steps,
         "decode": decode,
         "image_size": image_size,
-        "mixed_precision": config.mixed_precision,  # as resolved by make_actor ("bf16" or "no")
+        "mixed_precision": precision,  # resolved: "bf16" or "no", never "auto"
         "device": device_type,
     }
 
