@@ -63,14 +63,14 @@ def _caption(episode: Episode, done: bool) -> list[str]:
     return [episode.instruction, f"{episode.task}  seed {episode.seed}  step {episode.steps}  {status}"]
 
 
-def make_actor(config: RolloutConfig):
-    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained on."""
+def make_actor(config: RolloutConfig, device: torch.device, precision: str):
+    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained
+    on, on `device` under the resolved `precision` ("bf16" or "no")."""
     from dvla.actors import DVLAActor, LeRobotActor, resolve_lerobot_policy
     from dvla.checkpoint import checkpoint_info, resolve_checkpoint
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
-    device = resolve_device(config.device)
-    autocast = precision_autocast(resolve_precision(config.mixed_precision, device), device)
+    autocast = precision_autocast(precision, device)
     lerobot_path = resolve_lerobot_policy(config.checkpoint)
     if lerobot_path is not None:
         actor = LeRobotActor(lerobot_path, device, autocast)
@@ -93,13 +93,13 @@ def rollout(config: RolloutConfig) -> dict:
     from dvla.sim.tasks import resolve_tasks, task_description
 
     tasks = resolve_tasks(config.tasks, config.suite)
-    actor, checkpoint, info, image_size = make_actor(config)
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.mixed_precision, device)  # "auto" -> what the episodes run in
+    actor, checkpoint, info, image_size = make_actor(config, device, precision)
     instructions = {task: task_description(task) for task in tasks}
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
     image_size = config.image_size or image_size or 128
-    device = resolve_device(config.device)
-    precision = resolve_precision(config.mixed_precision, device)  # "auto" -> what the episodes ran in
     protocol = rollout_protocol(config, checkpoint, image_size, device.type, precision)
     wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
     partial = load_partial(output, protocol, config.resume, wanted)

@@ -435,8 +435,9 @@ def test_relation_token_reads_pairs_of_image_tokens_with_the_question():
     swapped = text.clone()
     swapped[:, [0, 1]] = swapped[:, [1, 0]]
     assert not torch.allclose(model.relation(tokens, swapped, obs.text_valid), relation)
-    reordered = tokens[:, torch.randperm(n)]  # a sum over pairs: where a token is comes from its
-    assert torch.allclose(model.relation(reordered, text, obs.text_valid), relation, atol=1e-5)  # features
+    # a mean over pairs, blind to token order: where a token sits comes from its own features
+    reordered = tokens[:, torch.randperm(n)]
+    assert torch.allclose(model.relation(reordered, text, obs.text_valid), relation, atol=1e-5)
     shifted = tokens + torch.randn_like(tokens) * 0.1
     assert not torch.allclose(model.relation(shifted, text, obs.text_valid), relation)
     answers = torch.tensor([[10, 2, 2], [11, 12, 2]])
