@@ -29,16 +29,32 @@ class Observation:
 
 
 @dataclass
+class PerceptionFrames:
+    """Frames that train only the simulator-state target (scenes recorded without an expert)."""
+
+    images: dict[str, torch.Tensor]  # camera -> (P, 3, H, W) float in [0, 1]
+    sim_state: torch.Tensor  # (P, E) normalised to [-1, 1]
+
+    def to(self, device: torch.device) -> PerceptionFrames:
+        images = {c: img.to(device) for c, img in self.images.items()}
+        return PerceptionFrames(images, self.sim_state.to(device))
+
+
+@dataclass
 class ActionBatch:
     observation: Observation
     actions: torch.Tensor  # (B, H, D) normalised to [-1, 1]
     actions_is_pad: torch.Tensor  # (B, H) bool, True past the episode end
     sim_state: torch.Tensor | None = None  # (B, E) auxiliary target in [-1, 1]; training only
+    # more frames for the simulator-state target alone (no actions, no backbone pass); training only
+    perception: PerceptionFrames | None = None
 
     def to(self, device: torch.device) -> ActionBatch:
         obs = self.observation.to(device)
         sim_state = None if self.sim_state is None else self.sim_state.to(device)
-        return ActionBatch(obs, self.actions.to(device), self.actions_is_pad.to(device), sim_state)
+        perception = None if self.perception is None else self.perception.to(device)
+        actions, is_pad = self.actions.to(device), self.actions_is_pad.to(device)
+        return ActionBatch(obs, actions, is_pad, sim_state, perception)
 
 
 @dataclass

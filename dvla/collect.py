@@ -17,6 +17,7 @@ class CollectConfig:
       dvla collect --tasks pick-place-v3,door-open-v3 --episodes 20 --root data/two_tasks
       dvla collect --suite mt10 --episodes 50 --workers 2 --root data/mt10
       dvla collect --suite vqa-scenes --scenes 5000 --root data/vqa_scenes
+      dvla collect --suite mt10 --kind scenes --episodes 600 --seed_start 100 --root data/mt10_scenes
     """
 
     # Comma-separated MetaWorld task names, e.g. pick-place-v3,door-open-v3 (or use --suite).
@@ -25,8 +26,20 @@ class CollectConfig:
     suite: str | None = None
     # Output folder (the LeRobot dataset root, or the VQA dataset folder). Required.
     root: str | None = None
-    # Successful expert episodes to record per task (failed ones are not kept).
+    # Successful expert episodes to record per task (failed ones are not kept); with --kind scenes,
+    # scenes per task.
     episodes: int = 50
+    # "demos": scripted-expert demonstrations. "scenes": no expert and no demonstrations: each
+    # episode is one reset(seed) with the arm wandering at random, `scene_frames` frames of it,
+    # recorded for the simulator-state target (`dvla train --perception.root`) so the vision encoder
+    # sees many more object and goal placements than the demonstrations have.
+    kind: str = "demos"
+    scene_frames: int = 6
+    # Steps of one random action between two recorded frames of a scene.
+    scene_walk_steps: int = 8
+    # First seed per task (training seeds are below 1000, where evaluation seeds start). Scenes
+    # should start above the demonstrations' seeds, e.g. 100.
+    seed_start: int = 0
     # Number of VQA scenes for the i.i.d. train/val/test splits (--suite vqa-scenes).
     scenes: int = 1000
     # Square image size in pixels.
@@ -93,6 +106,10 @@ def run(config: CollectConfig) -> dict:
             shadow_size=config.shadow_size,
             max_episode_steps=config.max_episode_steps,
             sim_state=config.sim_state,
+            kind=config.kind,
+            scene_frames=config.scene_frames,
+            scene_walk_steps=config.scene_walk_steps,
+            seed_start=config.seed_start,
         )
         from dvla.sim.metaworld_env import MetaWorldEnvConfig
 

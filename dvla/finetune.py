@@ -53,6 +53,8 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         sim_state_weight=new.sim_state_weight,
         sim_state_reads=new.sim_state_reads,
         sim_state_emphasis=new.sim_state_emphasis,
+        sim_state_input=new.sim_state_input,
+        full_mask_fraction=new.full_mask_fraction,
         scene_map_weight=new.scene_map_weight,
         scene_map_positions=new.scene_map_positions,
     )

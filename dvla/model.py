@@ -124,6 +124,17 @@ class DiffusionVLA(nn.Module):
         self.relation = (
             RelationToken(d, RELATION_QUERIES, config.max_text_tokens) if config.relation_token else None
         )
+        if config.sim_state_input and not config.sim_state_dim:
+            raise ValueError(
+                "model.sim_state_input needs a simulator-state target: "
+                "set dataset.sim_state_key (e.g. sim.state)"
+            )
+        # the head's reading as one more prefix token (robot observations only)
+        self.sim_state_proj = (
+            nn.Sequential(nn.Linear(config.sim_state_dim, d), nn.GELU(), nn.Linear(d, d))
+            if config.sim_state_input
+            else None
+        )
         if config.sim_state_dim:
             weights = emphasis_weights(config.sim_state_emphasis, config.sim_state_dim)  # (E,)
             self.register_buffer("sim_state_dim_weights", weights, persistent=False)
@@ -149,10 +160,12 @@ class DiffusionVLA(nn.Module):
     def prefix_embeds(
         self, obs: Observation, train: bool = False, image_tokens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, P, d) embeddings of [images | text | state] and their validity (B, P).
-        `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already computed."""
+        """(B, P, d) embeddings of [images | text | state | simulator-state reading] and their
+        validity (B, P). `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already
+        computed. The reading token exists with sim_state_input, for robot observations only."""
         if image_tokens is None:
             image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
+        encoded = image_tokens
         if obs.image_index is not None:
             image_tokens = image_tokens[obs.image_index]  # (B, N, d): several samples share an image
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
@@ -167,6 +180,10 @@ class DiffusionVLA(nn.Module):
         if obs.state is not None:
             parts.append(self.state_proj(obs.state)[:, None])  # (B, 1, d)
             valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
+            if self.sim_state_proj is not None:
+                reading = self._read_sim_state(encoded, obs).detach()  # (B, E), trained by its own loss
+                parts.append(self.sim_state_proj(reading)[:, None])  # (B, 1, d)
+                valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
         valid = torch.cat([v.to(text.device) for v in valid], dim=1)
         return torch.cat(parts, dim=1), valid
 
@@ -245,12 +262,24 @@ class DiffusionVLA(nn.Module):
     ) -> torch.Tensor | None:
         """Weighted MSE (`sim_state_emphasis`) of the simulator state predicted from the image tokens
         (B, N, d) or from the state token (the prefix's last position in hidden (B, P + T, d)); None
-        when the model or the batch has no simulator state."""
+        when the model or the batch has no simulator state. The batch's perception frames, when it
+        has some, are read by the vision-side head too and share the same mean."""
         if self.sim_state_head is None or batch.sim_state is None:
             return None
         if self.config.sim_state_reads == "vision":
             predicted = self._read_sim_state(image_tokens, batch.observation)  # (B, E)
+            if batch.perception is not None:
+                frames = batch.perception
+                tokens = self.vision(frames.images, train=True)  # (P, N, d)
+                present = [c for c in self.config.vision.cameras if c in frames.images]
+                predicted = torch.cat([predicted, self.sim_state_head(tokens, present)])  # (B + P, E)
+                target = torch.cat([batch.sim_state, frames.sim_state])  # (B + P, E)
+                return weighted_mse(predicted, target, self.sim_state_dim_weights)
         else:
+            if batch.perception is not None:
+                raise ValueError(
+                    "perception frames train the image-token head: set --model.sim_state_reads vision"
+                )
             if batch.observation.state is None:
                 raise ValueError(
                     "the simulator-state target is read off the state token; the batch has no state"
@@ -296,7 +325,11 @@ class DiffusionVLA(nn.Module):
         else:
             bins = self.action_tokens.encode(batch.actions).flatten(1)  # (B, H*D) in [0, bins)
             valid = valid.repeat_interleave(self.config.action_dim, dim=1)  # (B, H*D)
-            t = sample_times(bins.shape[0], generator=generator).to(bins.device)
+            t = sample_times(bins.shape[0], generator=generator)  # (B,)
+            if self.config.full_mask_fraction > 0:  # these samples hide the whole chunk
+                full = torch.rand(t.shape, generator=generator) < self.config.full_mask_fraction  # (B,)
+                t = torch.where(full, torch.ones_like(t), t)
+            t = t.to(bins.device)
             noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
             noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
             hidden, image_tokens = self._full_pass(batch.observation, self.action_embeds(noisy), train=True)

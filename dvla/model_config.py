@@ -41,6 +41,11 @@ class DiffusionVLAConfig:
     state_dim: int = 4
     # Uniform bins per action dimension (discrete head).
     action_bins: int = 256
+    # Fraction of robot samples (discrete head) whose whole action chunk is hidden (t = 1) instead
+    # of a random share: one-step decoding predicts every action token from the observation alone,
+    # and under t ~ U(0, 1) with the 1/t weight most of the loss is filling tokens in from their
+    # unmasked neighbours, which never asks the model to read the goal (see the README's MT10 results).
+    full_mask_fraction: float = 0.0
     # Instruction / question length in text tokens (longer text is cut, with a warning by the processor).
     max_text_tokens: int = 32
     # Fixed answer block length for VQA (answers padded with EOS).
@@ -60,6 +65,12 @@ class DiffusionVLAConfig:
     # unlisted dimensions weigh 1. MetaWorld's 39-D state keeps the goal in 36:39 and the first
     # object's position in 4:7, so "36:39=30,4:7=10" makes the encoder find goal markers and objects.
     sim_state_emphasis: str = ""
+    # Also give the backbone the head's reading of the simulator state (where objects and goals are,
+    # as the head sees them in the images) as one more prefix token after the robot state: a
+    # compact, explicit input from which 50 demonstrations per task can teach the action, instead
+    # of leaving the policy to find a goal in 32 image tokens. The reading is detached: only the
+    # simulator-state loss trains the head. Needs sim_state_reads "vision" and a simulator state.
+    sim_state_input: bool = False
     # Auxiliary VQA target (0 = off): each image token of the scene camera predicts which colours,
     # shapes, sizes and colour-shape pairs have an object centred in its cell of the image
     # (`dvla.sim.vqa_scene_map`, from the scene's ground truth; training only, never an input).
@@ -103,5 +114,11 @@ class DiffusionVLAConfig:
             raise ValueError(
                 f"sim_state_reads must be one of {SIM_STATE_READS}, got {self.sim_state_reads!r}"
             )
+        if self.sim_state_input and self.sim_state_reads != "vision":
+            raise ValueError(
+                "sim_state_input feeds the image-token head's reading: set sim_state_reads vision"
+            )
+        if not 0.0 <= self.full_mask_fraction <= 1.0:
+            raise ValueError(f"full_mask_fraction must be in [0, 1], got {self.full_mask_fraction}")
         if self.action_bins < 2:
             raise ValueError(f"action_bins must be >= 2, got {self.action_bins}")

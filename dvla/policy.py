@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from dvla.backbone.decoder import DecodeConfig, action_decode_config
-from dvla.batch import ActionBatch, Observation, VQABatch
+from dvla.batch import ActionBatch, Observation, PerceptionFrames, VQABatch
 from dvla.model import DiffusionVLA
 from dvla.processor import (
     ACTION_KEY,
@@ -92,12 +92,21 @@ class DiffusionVLAPolicy:
         """A collated LeRobotChunks batch (dvla.data) -> the model's training batch."""
         obs = self.observation(sample["images"], sample["task"], sample["state"])
         actions = self.action_norm.normalize(sample["actions"].float()).to(self.device)
-        sim_state = None
-        if "sim_state" in sample:
-            if self.sim_state_norm is None:
-                raise ValueError("the batch has a simulator state but the checkpoint stats have none")
-            sim_state = self.sim_state_norm.normalize(sample["sim_state"].float()).to(self.device)
-        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device), sim_state)
+        sim_state = self._sim_state(sample) if "sim_state" in sample else None
+        perception = None
+        if "perception" in sample:  # scenes for the simulator-state target only
+            frames = sample["perception"]
+            images = {name: _to_float_chw(img).to(self.device) for name, img in frames["images"].items()}
+            perception = PerceptionFrames(images, self._sim_state(frames))
+        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device), sim_state, perception)
+
+    def _sim_state(self, sample: dict) -> torch.Tensor:
+        """The sample's simulator state (B, E) normalised with the run's statistics."""
+        if "sim_state" not in sample:
+            raise ValueError("perception frames need a simulator state: set perception.sim_state_key")
+        if self.sim_state_norm is None:
+            raise ValueError("the batch has a simulator state but the checkpoint stats have none")
+        return self.sim_state_norm.normalize(sample["sim_state"].float()).to(self.device)
 
     @torch.no_grad()
     def predict_sim_state(self, images, texts, state) -> torch.Tensor:

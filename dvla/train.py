@@ -15,7 +15,15 @@ import torch
 
 from dvla.precision import resolve_precision
 from dvla.train_config import TrainConfig
-from dvla.train_data import ROBOT, VQA, MixedBatches, ResumableBatchSampler, make_loader, mixing_ratio
+from dvla.train_data import (
+    PERCEPTION,
+    ROBOT,
+    VQA,
+    MixedBatches,
+    ResumableBatchSampler,
+    make_loader,
+    mixing_ratio,
+)
 
 __all__ = ["ResumableBatchSampler", "checkpoint_dirs", "lr_factor", "train"]
 
@@ -53,7 +61,7 @@ def train(config: TrainConfig) -> TrainResult:
     from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     from dvla.checkpoint import load_checkpoint
-    from dvla.data import VQAScenes
+    from dvla.data import LeRobotChunks, VQAScenes
     from dvla.policy import DiffusionVLAPolicy
     from dvla.robot_data import dataset_name, robot_dataset
 
@@ -64,6 +72,7 @@ def train(config: TrainConfig) -> TrainResult:
             f"{output} already has checkpoints; pass --resume to continue or use another output_dir"
         )
     robot = robot_dataset(config.robot_datasets)
+    perception = LeRobotChunks(config.perception) if config.perception is not None else None
     vqa = VQAScenes(config.vqa.root, config.vqa.split, config.vqa.image_size) if config.vqa.root else None
     ratio = mixing_ratio(robot is not None, vqa is not None, config.vqa.ratio)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,6 +101,7 @@ def train(config: TrainConfig) -> TrainResult:
         stats = robot.stats if robot else {}
     model.train()
     _check_fits(config, robot, vqa, model)
+    _check_perception_fits(config, robot, perception, model)
     if vqa is not None:
         vqa.scene_map_grid = model.scene_map_grid  # the auxiliary target's grid, None without one
     info = {
@@ -101,6 +111,7 @@ def train(config: TrainConfig) -> TrainResult:
         "fps": robot.fps if robot else None,
         "cameras": robot.cameras if robot else {},
         "init_from": config.init_from,
+        "perception": dataset_name(config.perception) if perception is not None else None,
     }
     policy = DiffusionVLAPolicy(model, tokenizer, stats)
     ema = _ema(config, model, state)
@@ -126,8 +137,14 @@ def train(config: TrainConfig) -> TrainResult:
         )
     if vqa is not None:
         loaders[VQA] = _vqa_loader(config, vqa, vqa_done)
+    if perception is not None:  # rides along the robot batches, so it starts where they are
+        loaders[PERCEPTION] = make_loader(
+            perception, config.perception_batch_size or config.batch_size, config.seed + 2,
+            first - vqa_done, config.num_workers,
+        )  # fmt: skip
     model, opt, *prepared = accelerator.prepare(model, opt, *loaders.values())
-    batches = MixedBatches(dict(zip(loaders, prepared, strict=True)), ratio, first)
+    prepared = dict(zip(loaders, prepared, strict=True))
+    batches = MixedBatches(prepared, ratio, first, perception=prepared.pop(PERCEPTION, None))
     if accelerator.is_main_process:
         output.mkdir(parents=True, exist_ok=True)
         (output / "train_config.yaml").write_text(draccus.dump(config))
@@ -326,6 +343,28 @@ def _check_fits(config: TrainConfig, robot, vqa, model) -> None:
     chunk_size = config.robot_datasets[0].chunk_size
     if chunk_size != model.config.chunk_size:
         raise ValueError(f"dataset.chunk_size {chunk_size} != model.chunk_size {model.config.chunk_size}")
+
+
+def _check_perception_fits(config: TrainConfig, robot, perception, model) -> None:
+    """Perception frames must show the robot's cameras and carry the same simulator state."""
+    from dvla.robot_data import dataset_name
+
+    if perception is None:
+        return
+    if model.config.sim_state_reads != "vision":
+        raise ValueError("perception frames train the image-token head: set --model.sim_state_reads vision")
+    name = dataset_name(config.perception)
+    if sorted(perception.cameras) != sorted(robot.cameras):
+        raise ValueError(
+            f"perception dataset {name} has cameras {sorted(perception.cameras)}, the robot data "
+            f"{sorted(robot.cameras)}: record the scenes with the same --cameras, or map them with "
+            "perception.cameras"
+        )
+    if perception.sim_state_dim != robot.sim_state_dim:
+        raise ValueError(
+            f"perception dataset {name} has a {perception.sim_state_dim}-D simulator state, the robot data "
+            f"{robot.sim_state_dim}-D: record both with the same simulator"
+        )
 
 
 def _save(output, step, model, ema, tokenizer, stats, opt, schedule, config, training_info) -> Path:

@@ -77,6 +77,13 @@ class TrainConfig:
     # contributes in proportion to its number of frames.
     datasets: list[LeRobotDataConfig] = field(default_factory=list)
     vqa: VQADataConfig = field(default_factory=VQADataConfig)
+    # Scenes recorded without an expert (`dvla collect --kind scenes`) that train only the
+    # simulator-state target: each robot batch brings `perception_batch_size` of their frames, read
+    # by the vision encoder and the image-token head, never by the backbone or as actions. Needs
+    # dataset.sim_state_key and the same key, cameras and image size here.
+    perception: LeRobotDataConfig | None = None
+    # Perception frames per robot batch; None = batch_size.
+    perception_batch_size: int | None = None
     # Fine-tune from a dvla checkpoint: weights whose name and shape fit the new model are kept (backbone,
     # vision, text); the rest (e.g. action/state layers for other dimensions) start fresh. The
     # checkpoint's tokenizer and architecture are kept; --model sets chunk/action/state dims and cameras.
@@ -119,6 +126,8 @@ class TrainConfig:
             raise ValueError("set `dataset` (one LeRobot dataset) or `datasets` (several), not both")
         if not self.robot_datasets and self.vqa.root is None:
             raise ValueError("nothing to train on: set dataset.root / dataset.repo_id, vqa.root, or both")
+        if self.perception is not None:
+            self._check_perception()
         for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -130,6 +139,26 @@ class TrainConfig:
 
             if importlib.util.find_spec("wandb") is None:
                 raise ValueError("--wandb true needs the wandb package: pip install wandb (then wandb login)")
+
+    def _check_perception(self) -> None:
+        robot = self.robot_datasets
+        if not robot or not robot[0].sim_state_key:
+            raise ValueError(
+                "perception frames train the simulator-state target: give the robot data one "
+                "(--dataset.sim_state_key sim.state)"
+            )
+        if self.perception.sim_state_key != robot[0].sim_state_key:
+            raise ValueError(
+                f"perception.sim_state_key {self.perception.sim_state_key!r} must be the robot data's "
+                f"{robot[0].sim_state_key!r}"
+            )
+        if self.perception.image_size != robot[0].image_size:
+            raise ValueError(
+                f"perception.image_size {self.perception.image_size} must be the robot data's "
+                f"{robot[0].image_size}"
+            )
+        if self.perception_batch_size is not None and self.perception_batch_size < 1:
+            raise ValueError(f"perception_batch_size must be >= 1, got {self.perception_batch_size}")
 
     @property
     def trackers(self) -> list[str]:

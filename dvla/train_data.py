@@ -12,7 +12,7 @@ import math
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-ROBOT, VQA = "robot", "vqa"
+ROBOT, VQA, PERCEPTION = "robot", "vqa", "perception"
 
 
 class ResumableBatchSampler(Sampler[list[int]]):
@@ -65,16 +65,25 @@ def make_loader(
 
 
 class MixedBatches:
-    """Endless (source, batch) pairs from prepared loaders {ROBOT: ..., VQA: ...} from micro-batch `start`."""
+    """Endless (source, batch) pairs from prepared loaders {ROBOT: ..., VQA: ...} from micro-batch `start`.
 
-    def __init__(self, loaders: dict[str, DataLoader], ratio: float, start: int):
+    A `perception` loader rides along the robot batches: each robot batch carries its next batch
+    under "perception" (so it starts at the number of robot batches already seen)."""
+
+    def __init__(
+        self, loaders: dict[str, DataLoader], ratio: float, start: int, perception: DataLoader | None = None
+    ):
         self.iterators = {name: iter(loader) for name, loader in loaders.items()}
+        self.perception = iter(perception) if perception is not None else None
         self.ratio, self.g = ratio, start
 
     def __next__(self) -> tuple[str, dict]:
         source = source_of(self.g, self.ratio)
         self.g += 1
-        return source, next(self.iterators[source])
+        batch = next(self.iterators[source])
+        if source == ROBOT and self.perception is not None:
+            batch = {**batch, "perception": next(self.perception)}
+        return source, batch
 
 
 def mixing_ratio(has_robot: bool, has_vqa: bool, vqa_ratio: float) -> float:

@@ -51,7 +51,15 @@ def prepare_root(root: Path, resume: bool, overwrite: bool) -> bool:
 
 
 # Settings added after the first release, with the value that collections made before them had.
-SPEC_DEFAULTS_BEFORE = {"sim_state": False}
+# A finished collection that differs only in KEEPABLE ones is kept as it is (it lacks sim.state).
+KEEPABLE = {"sim_state"}
+SPEC_DEFAULTS_BEFORE = {
+    "sim_state": False,
+    "kind": "demos",
+    "scene_frames": 6,
+    "scene_walk_steps": 8,
+    "seed_start": 0,
+}
 
 
 def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finished: bool = False) -> bool:
@@ -63,7 +71,7 @@ def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finishe
     diff = {k: (saved.get(k), now.get(k)) for k in {**saved, **now} if saved.get(k) != now.get(k)}
     if not diff:
         return False
-    if set(diff) <= set(older):
+    if set(diff) <= set(older) & KEEPABLE:
         if finished:
             return True
         flags = " ".join(f"--{k} {str(saved[k]).lower()}" for k in diff)
@@ -159,7 +167,7 @@ def collect_metaworld(
         drop_unfinished_parts(parts_dir)
         recorded = [e for _, episodes in finished_parts(parts_dir) for e in episodes]
         failed = {(f["task"], int(f["seed"])) for f in _read_failures(work / "failures.jsonl")}
-        scheduler = SeedScheduler(spec.tasks, spec.episodes, recorded, failed)
+        scheduler = SeedScheduler(spec.tasks, spec.episodes, recorded, failed, seed_start=spec.seed_start)
         start = time.perf_counter()
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
@@ -213,7 +221,8 @@ def _run_workers(
     jobs, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = []
     total = spec.episodes * len(spec.tasks)
-    bar = tqdm(total=total, initial=sum(scheduler.successes.values()), desc="collect", unit="ep")
+    desc, unit = ("collect", "ep") if spec.kind == "demos" else ("scenes", "scene")
+    bar = tqdm(total=total, initial=sum(scheduler.successes.values()), desc=desc, unit=unit)
     try:
         for _ in range(workers):
             procs.append(ctx.Process(target=worker_main, args=(spec, work, per_part, jobs, results, stop)))
@@ -242,7 +251,9 @@ def _run_workers(
                     failures.write(json.dumps({"task": task, "seed": seed, "error": error}) + "\n")
                     failures.flush()
                 tried = sum(scheduler.successes.values()) + sum(scheduler.failures.values())
-                bar.set_postfix(task=task, expert_success=f"{sum(scheduler.successes.values()) / tried:.0%}")
+                if spec.kind == "demos":
+                    rate = sum(scheduler.successes.values()) / tried
+                    bar.set_postfix(task=task, expert_success=f"{rate:.0%}")
         for _ in procs:
             jobs.put(None)
     except BaseException:
@@ -268,7 +279,8 @@ def _report(spec, scheduler: SeedScheduler, failures: list[dict], at_start: int,
         per_task[task] = {
             "episodes": ok,
             "expert_attempts": ok + failed,
-            "expert_success_rate": ok / (ok + failed) if ok + failed else None,
+            # scenes have no expert, so no success rate
+            "expert_success_rate": ok / (ok + failed) if ok + failed and spec.kind == "demos" else None,
             "frames": sum(lengths),
             "mean_episode_length": sum(lengths) / len(lengths) if lengths else None,
             "seeds": sorted(scheduler.seeds[task]),

@@ -7,14 +7,18 @@ import multiprocessing as mp
 import queue
 import signal
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from dvla.sim.recording import SIM_STATE_KEY, FrameError, PartWriter, image_key, metaworld_features
+from dvla.sim.tasks import TRAIN_SEED_LIMIT
 
 LOCK_FILE = "lock"
+# What a collection records: expert demonstrations, or scenes for the simulator-state target only.
+COLLECTION_KINDS = ("demos", "scenes")
 
 
 @dataclass
@@ -29,6 +33,49 @@ class MetaWorldCollectSpec:
     shadow_size: int
     max_episode_steps: int
     sim_state: bool = True
+    # "demos": successful scripted-expert episodes. "scenes": no expert; each episode is one
+    # reset(seed) and `scene_frames` frames of the arm wandering (see run_scene_walk), for the
+    # simulator-state target only (`dvla train --perception.root`), never as demonstrations.
+    kind: str = "demos"
+    scene_frames: int = 6
+    # Steps of one random action between two recorded frames of a scene.
+    scene_walk_steps: int = 8
+    # First seed tried per task (seeds below 1000; evaluation seeds start there).
+    seed_start: int = 0
+
+    def __post_init__(self):
+        if self.kind not in COLLECTION_KINDS:
+            raise ValueError(f"kind must be one of {COLLECTION_KINDS}, got {self.kind!r}")
+        if self.scene_frames < 1 or self.scene_walk_steps < 1:
+            raise ValueError(
+                "scene_frames and scene_walk_steps must be >= 1, "
+                f"got {self.scene_frames} and {self.scene_walk_steps}"
+            )
+        if not 0 <= self.seed_start < TRAIN_SEED_LIMIT:
+            raise ValueError(
+                f"seed_start must be in [0, {TRAIN_SEED_LIMIT}) (evaluation seeds start at "
+                f"{TRAIN_SEED_LIMIT}), got {self.seed_start}"
+            )
+        if self.kind == "scenes" and not self.sim_state:
+            raise ValueError("scenes are recorded for their simulator state: they need sim_state true")
+        if self.kind == "scenes" and self.scene_frames * self.scene_walk_steps > self.max_episode_steps:
+            raise ValueError(
+                f"scene_frames x scene_walk_steps ({self.scene_frames * self.scene_walk_steps}) exceeds "
+                f"max_episode_steps ({self.max_episode_steps})"
+            )
+
+
+def _frame(obs: dict, raw_obs: np.ndarray | None, action, reward: float, success: bool) -> dict:
+    """One recorded frame: the observation, then the action taken and what followed it."""
+    frame = {image_key(c): img for c, img in obs["images"].items()}
+    frame["observation.state"] = obs["state"]
+    if raw_obs is not None:
+        frame[SIM_STATE_KEY] = raw_obs
+    frame["action"] = np.asarray(action, np.float32)
+    frame["next.reward"] = np.array([reward], np.float32)
+    frame["next.success"] = np.array([success], bool)
+    frame["task"] = obs["task"]
+    return frame
 
 
 def run_expert_episode(env, expert, seed: int, sim_state: bool = True) -> tuple[list[dict], bool]:
@@ -40,22 +87,35 @@ def run_expert_episode(env, expert, seed: int, sim_state: bool = True) -> tuple[
     obs, _ = env.reset(seed=seed)
     frames = []
     for _ in range(env.config.max_episode_steps):
-        raw_obs = env.raw_obs.astype(np.float32)
+        raw_obs = env.raw_obs.astype(np.float32) if sim_state else None
         action = expert(env.raw_obs)
         next_obs, reward, terminated, truncated, info = env.step(action)
-        frame = {image_key(c): img for c, img in obs["images"].items()}
-        frame["observation.state"] = obs["state"]
-        if sim_state:
-            frame[SIM_STATE_KEY] = raw_obs
-        frame["action"] = action
-        frame["next.reward"] = np.array([reward], np.float32)
-        frame["next.success"] = np.array([info["success"]], bool)
-        frame["task"] = obs["task"]
-        frames.append(frame)
+        frames.append(_frame(obs, raw_obs, action, reward, info["success"]))
         if terminated or truncated:
             break
         obs = next_obs
     return frames, bool(frames[-1]["next.success"][0])
+
+
+def run_scene_walk(env, seed: int, n_frames: int, walk_steps: int) -> list[dict]:
+    """Frames of one scene without an expert: `reset(seed)` places objects and goal, then the arm
+    wanders. Each recorded frame is followed by `walk_steps` steps of one random action (a direction
+    in [-1, 1]^3 and an open or closed gripper, drawn from (task, seed)); only the recorded frames
+    are rendered. The simulator state is always recorded: it is what these frames are for."""
+    rng = np.random.default_rng((seed, zlib.crc32(env.task.encode())))
+    obs, _ = env.reset(seed=seed)
+    frames = []
+    for i in range(n_frames):
+        action = np.append(rng.uniform(-1.0, 1.0, 3), rng.choice([-1.0, 1.0])).astype(np.float32)
+        raw_obs, seen = env.raw_obs.astype(np.float32), obs
+        success = False  # the last frame's action is drawn but never taken
+        if i < n_frames - 1:
+            for _ in range(walk_steps - 1):
+                success |= env.step_unrendered(action)
+            obs, _, step_success, _, _ = env.step(action)
+            success |= step_success
+        frames.append(_frame(seen, raw_obs, action, 0.0, success))  # no reward is recorded for scenes
+    return frames
 
 
 def _make_env(spec: MetaWorldCollectSpec, task: str):
@@ -111,7 +171,11 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
                     if env is not None:
                         env.close()
                     env, expert = _make_env(spec, task)
-                frames, success = run_expert_episode(env, expert, seed, spec.sim_state)
+                if spec.kind == "scenes":
+                    frames = run_scene_walk(env, seed, spec.scene_frames, spec.scene_walk_steps)
+                    success = True  # nothing to succeed at: every scene is kept
+                else:
+                    frames, success = run_expert_episode(env, expert, seed, spec.sim_state)
             except Exception as exc:  # an unstable simulation or a failing expert: a failed episode
                 frames, success, error = [], False, f"{type(exc).__name__}: {exc}"
             if success:

@@ -123,6 +123,15 @@ class MetaWorldEnv(gym.Env):
         return self._observation(), {"success": False}
 
     def step(self, action: np.ndarray):
+        reward, success, info = self._advance(action)
+        truncated = self._steps >= self.config.max_episode_steps and not success
+        return self._observation(), reward, success, truncated, info
+
+    def step_unrendered(self, action: np.ndarray) -> bool:
+        """One step without rendering the cameras (for frames nobody records); returns success."""
+        return self._advance(action)[1]
+
+    def _advance(self, action: np.ndarray) -> tuple[float, bool, dict]:
         if self._env is None or self.raw_obs is None:
             raise RuntimeError("call reset() before step()")
         action = np.asarray(action, dtype=np.float32)
@@ -134,9 +143,7 @@ class MetaWorldEnv(gym.Env):
         self.raw_obs, reward, _, _, info = self._env.step(action)
         self._steps += 1
         success = bool(info.get("success", 0.0))
-        info = {**info, "success": success}
-        truncated = self._steps >= self.config.max_episode_steps and not success
-        return self._observation(), float(reward), success, truncated, info
+        return float(reward), success, {**info, "success": success}
 
     def close(self) -> None:
         if self._renderer is not None:

@@ -11,7 +11,8 @@ from dvla.sim.tasks import TRAIN_SEED_LIMIT
 class SeedScheduler:
     """Hands out (task, seed) jobs so that each task ends with exactly `episodes` successes.
 
-    Seeds are tried in increasing order from 0 (evaluation seeds start at 1000 and are never used);
+    Seeds are tried in increasing order from `seed_start` (default 0; evaluation seeds start at 1000
+    and are never used);
     a task never has more jobs in flight than successes it still needs, so the recorded seeds are the
     first successful ones whatever the number of workers. A task gives up after `max_attempts`.
     """
@@ -23,6 +24,7 @@ class SeedScheduler:
         recorded: list[EpisodeRecord] = (),
         failures: set[tuple[str, int]] = frozenset(),
         max_attempts: int | None = None,
+        seed_start: int = 0,
     ):
         self.tasks, self.episodes = list(tasks), episodes
         self.max_attempts = max_attempts or max(2 * episodes, episodes + 10)
@@ -30,7 +32,7 @@ class SeedScheduler:
         self.lengths: dict[str, list[int]] = {t: [] for t in tasks}
         self.seeds: dict[str, list[int]] = {t: [] for t in tasks}
         self.tried: dict[str, set[int]] = {t: set() for t in tasks}
-        self._next = dict.fromkeys(tasks, 0)
+        self._next = dict.fromkeys(tasks, seed_start)
         for e in recorded:
             self.successes[e.task] += 1
             self.lengths[e.task].append(e.length)

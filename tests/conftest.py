@@ -34,6 +34,15 @@ def tiny_dataset(tmp_path_factory):
     return root, report
 
 
+@pytest.fixture(scope="session")
+def tiny_scenes(tmp_path_factory):
+    """The same two tasks x two scenes without an expert (seeds 100, 101), three frames each."""
+    root = tmp_path_factory.mktemp("collect") / "scenes"
+    spec = tiny_spec(kind="scenes", scene_frames=3, scene_walk_steps=4, seed_start=100)
+    report = collect_metaworld(root, spec, workers=1)
+    return root, report
+
+
 def tiny_causal_lm(kind: str = "llama"):
     """A randomly initialised, tiny Llama or Qwen2 causal LM (vocabulary 64) for offline tests."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

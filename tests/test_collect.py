@@ -279,3 +279,48 @@ def test_cli_errors_exit_with_a_message(tmp_path):
         [sys.executable, "-m", "dvla.cli", "collect", "--suite", "mt10"], capture_output=True, text=True
     )
     assert run.returncode == 1 and "--root is required" in run.stderr
+
+
+def test_scenes_record_where_things_are_while_the_arm_wanders(tiny_scenes):
+    """`--kind scenes`: no expert; each seed is one reset, then frames of a random arm walk with the
+    simulator state. The goal stays put within a scene and moves between seeds."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
+    from dvla.sim.recording import SIM_STATE_KEY
+
+    root, report = tiny_scenes
+    assert {t: row["seeds"] for t, row in report["per_task"].items()} == {t: [100, 101] for t in TINY_TASKS}
+    assert all(row["expert_success_rate"] is None for row in report["per_task"].values())
+    ds = LeRobotDataset("local/scenes", root=root, video_backend="pyav")
+    assert ds.meta.total_episodes == 4 and len(ds) == 12
+    sim = np.asarray(ds.hf_dataset[SIM_STATE_KEY], np.float32)  # (12, 39)
+    episode = np.asarray(ds.hf_dataset["episode_index"])
+    reach = [e for e in range(4) if ds.meta.episodes[e]["tasks"] == ["Reach a goal position"]]
+    for e in reach:
+        hand = sim[episode == e, :3]
+        assert np.linalg.norm(np.diff(hand, axis=0), axis=1).min() > 0.005  # the arm moved between frames
+        goal = sim[episode == e, 36:]  # (3, 3)
+        np.testing.assert_allclose(goal, np.broadcast_to(goal[0], goal.shape), atol=1e-6)
+    goals = [sim[episode == e][0, 36:] for e in reach]
+    assert np.linalg.norm(goals[0] - goals[1]) > 0.01
+    # the first frame of each scene is the reset of its seed, as a rollout would see it
+    env = MetaWorldEnv(MetaWorldEnvConfig(task="reach-v3", cameras=["corner2"], image_size=64))
+    try:
+        seeds = sorted(report["per_task"]["reach-v3"]["seeds"])
+        for e, seed in zip(sorted(reach), seeds, strict=True):
+            env.reset(seed=seed)
+            np.testing.assert_allclose(sim[episode == e][0], env.raw_obs, atol=1e-5)
+    finally:
+        env.close()
+
+
+def test_scene_settings_are_checked():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tiny_spec(kind="walks")
+    with pytest.raises(ValueError, match="evaluation seeds"):
+        tiny_spec(kind="scenes", seed_start=1000)
+    with pytest.raises(ValueError, match="need sim_state true"):
+        tiny_spec(kind="scenes", sim_state=False)
+    with pytest.raises(ValueError, match="exceeds max_episode_steps"):
+        tiny_spec(kind="scenes", scene_frames=30, scene_walk_steps=10)

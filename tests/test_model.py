@@ -214,6 +214,82 @@ def test_sim_state_target_read_off_the_image_tokens(head):
         tiny_vla(head, sim_state_dim=6, sim_state_reads="hidden")
 
 
+def test_sim_state_reading_is_a_prefix_token_the_action_loss_cannot_train():
+    """With sim_state_input the head's reading of the images joins the prefix after the robot state.
+    It is detached: the action loss trains the projection, never the head (its own loss does)."""
+    torch.manual_seed(0)
+    model = tiny_vla(sim_state_dim=6, sim_state_input=True)
+    data = batch()
+    embeds, valid = model.prefix_embeds(data.observation)  # 8 image + 6 text + state + reading
+    assert embeds.shape[1] == valid.shape[1] == 8 + 6 + 2
+    reading = model.predict_sim_state(data.observation)  # (B, 6), encoder in eval mode
+    torch.testing.assert_close(embeds[:, -1], model.sim_state_proj(reading))
+    loss, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    assert "sim_state_mse" not in metrics  # the batch has no simulator state: action loss only
+    loss.backward()
+    assert model.sim_state_head.readout.weight.grad is None
+    assert model.sim_state_proj[0].weight.grad.abs().sum() > 0
+    # questions have no robot state and so no reading token; acting needs no simulator state
+    question = fake_observation(3, ["a", "b"], 32, 6, 50, None)
+    assert model.prefix_embeds(question)[0].shape[1] == 8 + 6
+    model.eval()
+    assert model.sample_actions(data.observation, DecodeConfig(steps=1))[0].shape == (3, 4, 3)
+    with pytest.raises(ValueError, match="dataset.sim_state_key"):
+        tiny_vla(sim_state_input=True)
+    with pytest.raises(ValueError, match="sim_state_reads vision"):
+        tiny_vla(sim_state_dim=6, sim_state_input=True, sim_state_reads="state_token")
+
+
+def test_perception_frames_join_the_simulator_state_mean():
+    """Scene frames (no actions) are read by the same head; one weighted mean covers both."""
+    from dvla.batch import PerceptionFrames
+    from dvla.sim_state_head import weighted_mse
+
+    torch.manual_seed(0)
+    model = tiny_vla(sim_state_dim=6, sim_state_emphasis="0:2=4")
+    data = batch()
+    data.sim_state = torch.rand(3, 6) * 2 - 1
+    g = torch.Generator().manual_seed(2)
+    frames = PerceptionFrames(
+        {c: torch.rand(5, 3, 32, 32, generator=g) for c in ("a", "b")}, torch.rand(5, 6, generator=g) * 2 - 1
+    )
+    _, plain_metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    data.perception = frames
+    _, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    assert metrics["action_loss"] == pytest.approx(plain_metrics["action_loss"])  # no action target
+    read = torch.cat(
+        [
+            model.sim_state_head(model.vision(x, train=True), ["a", "b"])
+            for x in (data.observation.images, frames.images)
+        ]
+    )  # (3 + 5, 6)
+    weights = torch.tensor([4.0, 4, 1, 1, 1, 1])
+    reference = weighted_mse(read, torch.cat([data.sim_state, frames.sim_state]), weights)
+    assert metrics["sim_state_mse"] == pytest.approx(float(reference), rel=1e-4)
+
+
+def test_full_mask_fraction_hides_whole_chunks():
+    """At fraction 1 every valid action token is hidden (t = 1, weight 1): the loss is then the plain
+    cross-entropy of predicting the chunk from the observation alone, as one-step decoding does."""
+    torch.manual_seed(0)
+    model = tiny_vla(full_mask_fraction=1.0)
+    data = batch()
+    loss, metrics = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    assert metrics["mask_fraction"] == 1.0
+    bins = model.action_tokens.encode(data.actions).flatten(1)  # (B, H*D)
+    hidden = torch.full_like(bins, model.config.action_bins)
+    out = model._full_hidden(data.observation, model.action_embeds(hidden), train=True)
+    ce = torch.nn.functional.cross_entropy(
+        model.bin_logits(out).flatten(0, 1), bins.flatten(), reduction="none"
+    )
+    valid = (~data.actions_is_pad).repeat_interleave(3, dim=1).flatten()
+    assert float(loss) == pytest.approx(float(ce[valid].mean()), rel=1e-4)
+    partial = tiny_vla(full_mask_fraction=0.0)
+    assert partial.compute_loss(data, generator=torch.Generator().manual_seed(1))[1]["mask_fraction"] < 1
+    with pytest.raises(ValueError, match="full_mask_fraction"):
+        tiny_vla(full_mask_fraction=1.5)
+
+
 def test_sim_state_emphasis_weights_the_listed_dimensions():
     """An emphasis of "2:4=10" multiplies the squared error of dimensions 2 and 3 by 10 before the
     mean; bad specs and slices past the state are refused with the expected form in the message."""

@@ -273,10 +273,15 @@ def test_finetune_takes_the_auxiliary_targets_from_the_new_run():
         text_film=True,
     )
     new = DiffusionVLAConfig(
-        sim_state_dim=6, sim_state_weight=2.0, sim_state_emphasis="0:3=5", scene_map_weight=0.5
+        sim_state_dim=6,
+        sim_state_weight=2.0,
+        sim_state_emphasis="0:3=5",
+        scene_map_weight=0.5,
+        sim_state_input=True,
     )
     merged = finetune_config(old, new)
     assert (merged.sim_state_dim, merged.sim_state_weight, merged.sim_state_emphasis) == (6, 2.0, "0:3=5")
+    assert merged.sim_state_input  # a checkpoint without the reading token can learn to use one
     assert merged.scene_map_weight == 0.5
     assert merged.backbone == old.backbone and merged.text_film  # the architecture stays the checkpoint's
 

@@ -213,3 +213,39 @@ def test_the_weight_average_is_bias_corrected():
     assert int(ema.module.count) == 4  # integer buffers follow the model
     with pytest.raises(ValueError, match="ema_decay"):
         bias_corrected_ema(1.0)
+
+
+def test_perception_frames_train_the_state_head_and_resume_exactly(tiny_dataset, tiny_scenes, tmp_path):
+    """Scenes without an expert ride along each robot batch for the simulator-state target only."""
+    root, _ = tiny_dataset
+    dataset = LeRobotDataConfig(root=str(root), chunk_size=4, image_size=32, sim_state_key="sim.state")
+    scenes = LeRobotDataConfig(
+        root=str(tiny_scenes[0]), chunk_size=4, image_size=32, sim_state_key="sim.state"
+    )
+
+    def config(output, **overrides):
+        values = dict(steps=4, dataset=dataset, perception=scenes, perception_batch_size=3)
+        return tiny_train_config(root, output, **{**values, **overrides})
+
+    straight = train(config(tmp_path / "straight"))
+    assert checkpoint_info(straight.checkpoint)["perception"] == str(tiny_scenes[0])
+    train(config(tmp_path / "resumed", steps_this_run=2))
+    resumed = train(config(tmp_path / "resumed", resume=True))
+    a, _, _ = load_checkpoint(straight.checkpoint)
+    b, _, _ = load_checkpoint(resumed.checkpoint)
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    without = train(tiny_train_config(root, tmp_path / "without", steps=4, dataset=dataset))
+    c, _, _ = load_checkpoint(without.checkpoint)
+    assert not torch.equal(a.sim_state_head.readout.weight, c.sim_state_head.readout.weight)
+    with pytest.raises(ValueError, match="dataset.sim_state_key"):
+        tiny_train_config(root, tmp_path / "x", steps=1, perception=scenes)
+    other = LeRobotDataConfig(root=str(tiny_scenes[0]), chunk_size=4, image_size=32, sim_state_key="sim.goal")
+    with pytest.raises(ValueError, match="must be the robot data's"):
+        tiny_train_config(root, tmp_path / "x", steps=1, dataset=dataset, perception=other)
+    one_camera = LeRobotDataConfig(
+        root=str(tiny_scenes[0]), chunk_size=4, image_size=32, sim_state_key="sim.state",
+        cameras={"corner2": "observation.images.corner2"},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="record the scenes with the same --cameras"):
+        train(config(tmp_path / "cams", perception=one_camera))
