@@ -40,6 +40,12 @@ class CollectConfig:
     # First seed per task (training seeds are below 1000, where evaluation seeds start). Scenes
     # should start above the demonstrations' seeds, e.g. 100.
     seed_start: int = 0
+    # Demonstrations with perturbations (DART): the hand moves by the expert's action plus a random
+    # push of up to this size per axis (1 = the largest step), held for --action_noise_steps steps;
+    # the recorded action is the expert's. The policy then sees how to get back to the path instead
+    # of only the path itself. 0 = the plain expert.
+    action_noise: float = 0.0
+    action_noise_steps: int = 8
     # Number of VQA scenes for the i.i.d. train/val/test splits (--suite vqa-scenes).
     scenes: int = 1000
     # Square image size in pixels.
@@ -110,6 +116,8 @@ def run(config: CollectConfig) -> dict:
             scene_frames=config.scene_frames,
             scene_walk_steps=config.scene_walk_steps,
             seed_start=config.seed_start,
+            action_noise=config.action_noise,
+            action_noise_steps=config.action_noise_steps,
         )
         from dvla.sim.metaworld_env import MetaWorldEnvConfig
 

@@ -55,6 +55,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         sim_state_emphasis=new.sim_state_emphasis,
         sim_state_input=new.sim_state_input,
         full_mask_fraction=new.full_mask_fraction,
+        state_dropout=new.state_dropout,
         scene_map_weight=new.scene_map_weight,
         scene_map_positions=new.scene_map_positions,
     )

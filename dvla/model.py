@@ -95,6 +95,8 @@ class DiffusionVLA(nn.Module):
         d = self.backbone.config.hidden_size
         self.vision = VisionEncoder(config.vision, d)
         self.state_proj = nn.Sequential(nn.Linear(config.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        # stands in for the state token of samples whose state is hidden in training (state_dropout)
+        self.state_hidden_embed = nn.Parameter(torch.zeros(d)) if config.state_dropout > 0 else None
         self.action_tokens = ActionTokenizer(
             -torch.ones(config.action_dim), torch.ones(config.action_dim), bins
         )
@@ -158,11 +160,16 @@ class DiffusionVLA(nn.Module):
 
     # ---- prefix ---------------------------------------------------------------------------------
     def prefix_embeds(
-        self, obs: Observation, train: bool = False, image_tokens: torch.Tensor | None = None
+        self,
+        obs: Observation,
+        train: bool = False,
+        image_tokens: torch.Tensor | None = None,
+        hide_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P, d) embeddings of [images | text | state | simulator-state reading] and their
         validity (B, P). `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already
-        computed. The reading token exists with sim_state_input, for robot observations only."""
+        computed. The reading token exists with sim_state_input, for robot observations only.
+        `hide_state` (B,) bool replaces those samples' state token by the learned "no state" one."""
         if image_tokens is None:
             image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
         encoded = image_tokens
@@ -178,7 +185,11 @@ class DiffusionVLA(nn.Module):
             [torch.ones(image_tokens.shape[:2], dtype=torch.bool), obs.text_valid],
         )
         if obs.state is not None:
-            parts.append(self.state_proj(obs.state)[:, None])  # (B, 1, d)
+            state_token = self.state_proj(obs.state)  # (B, d)
+            if hide_state is not None:
+                hidden_token = self.state_hidden_embed.to(state_token)  # (d,)
+                state_token = torch.where(hide_state[:, None], hidden_token, state_token)
+            parts.append(state_token[:, None])  # (B, 1, d)
             valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
             if self.sim_state_proj is not None:
                 reading = self._read_sim_state(encoded, obs).detach()  # (B, E), trained by its own loss
@@ -235,12 +246,16 @@ class DiffusionVLA(nn.Module):
         return self._full_pass(obs, target_embeds, train)[0][:, -target_embeds.shape[1] :]
 
     def _full_pass(
-        self, obs: Observation, target_embeds: torch.Tensor, train: bool
+        self,
+        obs: Observation,
+        target_embeds: torch.Tensor,
+        train: bool,
+        hide_state: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of [prefix | target] in one pass (B, P + T, d), and the encoder's tokens
         of the images (I, N, d; I = B unless samples share images through obs.image_index)."""
         image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
-        prefix, valid = self.prefix_embeds(obs, image_tokens=image_tokens)
+        prefix, valid = self.prefix_embeds(obs, image_tokens=image_tokens, hide_state=hide_state)
         t = target_embeds.shape[1]
         out = self.backbone(
             inputs_embeds=torch.cat([prefix, target_embeds], dim=1),
@@ -314,11 +329,18 @@ class DiffusionVLA(nn.Module):
             return self.compute_vqa_loss(batch, generator)
         return self.compute_loss(batch, generator)
 
+    def _draw_hidden_states(self, batch_size: int, device, generator=None) -> torch.Tensor | None:
+        """(B,) bool: which samples of a training batch act without their robot state."""
+        if self.config.state_dropout <= 0:
+            return None
+        return (torch.rand(batch_size, generator=generator) < self.config.state_dropout).to(device)
+
     def compute_loss(self, batch: ActionBatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
         valid = ~batch.actions_is_pad  # (B, H)
+        hide = self._draw_hidden_states(batch.actions.shape[0], batch.actions.device, generator)
         if self.flow is not None:
             queries = self.flow.queries.expand(batch.actions.shape[0], -1, -1)  # (B, H, d)
-            hidden, image_tokens = self._full_pass(batch.observation, queries, train=True)  # (B, P + H, d)
+            hidden, image_tokens = self._full_pass(batch.observation, queries, train=True, hide_state=hide)
             cond = hidden[:, -queries.shape[1] :]  # (B, H, d)
             loss = self.flow.loss(cond, batch.actions, batch.actions_is_pad, generator)
             metrics = {"flow_mse": float(loss.detach())}
@@ -332,7 +354,9 @@ class DiffusionVLA(nn.Module):
             t = t.to(bins.device)
             noisy, masked = mask_tokens(bins, t, self.config.action_bins, generator=generator)
             noisy = noisy.masked_fill(~valid, self.config.action_bins)  # past the episode end: always hidden
-            hidden, image_tokens = self._full_pass(batch.observation, self.action_embeds(noisy), train=True)
+            hidden, image_tokens = self._full_pass(
+                batch.observation, self.action_embeds(noisy), train=True, hide_state=hide
+            )
             logits = self.bin_logits(hidden[:, -bins.shape[1] :])
             loss, metrics = masked_diffusion_loss(logits, bins, masked & valid, t, valid)
         aux = self.sim_state_loss(hidden, image_tokens, batch)
@@ -340,6 +364,23 @@ class DiffusionVLA(nn.Module):
             metrics = {**metrics, "action_loss": float(loss.detach()), "sim_state_mse": float(aux.detach())}
             loss = loss + self.config.sim_state_weight * aux
         return loss, metrics
+
+    @torch.no_grad()
+    def first_step_nll(self, batch: ActionBatch, hide_state: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) mean cross-entropy of each sample's true action bins with the whole chunk hidden: what
+        the first denoising step knows. Compared across swapped inputs it shows what the policy reads
+        (benchmarks/input_use.py). Discrete action head only."""
+        if self.flow is not None:
+            raise ValueError("first_step_nll needs the discrete action head; this model has the flow head")
+        bins = self.action_tokens.encode(batch.actions).flatten(1)  # (B, H*D)
+        valid = (~batch.actions_is_pad).repeat_interleave(self.config.action_dim, dim=1)  # (B, H*D)
+        hidden_bins = torch.full_like(bins, self.config.action_bins)  # every token hidden
+        hidden, _ = self._full_pass(
+            batch.observation, self.action_embeds(hidden_bins), train=False, hide_state=hide_state
+        )
+        logits = self.bin_logits(hidden[:, -bins.shape[1] :]).float()  # (B, H*D, bins)
+        ce = F.cross_entropy(logits.transpose(1, 2), bins, reduction="none")  # (B, H*D)
+        return (ce * valid).sum(1) / valid.sum(1).clamp(min=1)
 
     def compute_vqa_loss(self, batch: VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
         answers = batch.answer_ids  # (B, A)

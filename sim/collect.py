@@ -59,6 +59,8 @@ SPEC_DEFAULTS_BEFORE = {
     "scene_frames": 6,
     "scene_walk_steps": 8,
     "seed_start": 0,
+    "action_noise": 0.0,
+    "action_noise_steps": 8,
 }
 
 

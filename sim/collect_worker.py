@@ -42,6 +42,13 @@ class MetaWorldCollectSpec:
     scene_walk_steps: int = 8
     # First seed tried per task (seeds below 1000; evaluation seeds start there).
     seed_start: int = 0
+    # Demonstrations only: the executed hand motion is the expert's plus a random push of up to this
+    # size per axis (in action units, 1 = the largest step), held for `action_noise_steps` steps, then
+    # drawn again; the gripper is left alone. The recorded action stays the expert's own, so the
+    # demonstrations visit states off the expert's straight path, labelled with how the expert gets
+    # back (DART, Laskey et al. 2017). 0 = the expert alone.
+    action_noise: float = 0.0
+    action_noise_steps: int = 8
 
     def __post_init__(self):
         if self.kind not in COLLECTION_KINDS:
@@ -55,6 +62,11 @@ class MetaWorldCollectSpec:
             raise ValueError(
                 f"seed_start must be in [0, {TRAIN_SEED_LIMIT}) (evaluation seeds start at "
                 f"{TRAIN_SEED_LIMIT}), got {self.seed_start}"
+            )
+        if not 0.0 <= self.action_noise <= 1.0 or self.action_noise_steps < 1:
+            raise ValueError(
+                "action_noise must be in [0, 1] and action_noise_steps >= 1, "
+                f"got {self.action_noise} and {self.action_noise_steps}"
             )
         if self.kind == "scenes" and not self.sim_state:
             raise ValueError("scenes are recorded for their simulator state: they need sim_state true")
@@ -78,18 +90,26 @@ def _frame(obs: dict, raw_obs: np.ndarray | None, action, reward: float, success
     return frame
 
 
-def run_expert_episode(env, expert, seed: int, sim_state: bool = True) -> tuple[list[dict], bool]:
+def run_expert_episode(
+    env, expert, seed: int, sim_state: bool = True, noise: float = 0.0, noise_steps: int = 8
+) -> tuple[list[dict], bool]:
     """Roll the scripted expert out from `reset(seed)` until the first success or the step limit.
 
-    Returns the frames (observation, the action taken, the reward and success that followed) and
+    With `noise`, the hand moves by the expert's action plus a push drawn from (task, seed) in
+    [-noise, noise]^3 and held for `noise_steps` steps; the frames record the expert's action.
+    Returns the frames (observation, the expert's action, the reward and success that followed) and
     whether the episode succeeded.
     """
+    rng = np.random.default_rng((seed, zlib.crc32(env.task.encode()), 1))
     obs, _ = env.reset(seed=seed)
-    frames = []
-    for _ in range(env.config.max_episode_steps):
+    frames, push = [], np.zeros(4, np.float32)
+    for step in range(env.config.max_episode_steps):
         raw_obs = env.raw_obs.astype(np.float32) if sim_state else None
         action = expert(env.raw_obs)
-        next_obs, reward, terminated, truncated, info = env.step(action)
+        if noise > 0 and step % noise_steps == 0:
+            push[:3] = rng.uniform(-noise, noise, 3)
+        executed = np.clip(action + push, -1.0, 1.0) if noise > 0 else action
+        next_obs, reward, terminated, truncated, info = env.step(executed)
         frames.append(_frame(obs, raw_obs, action, reward, info["success"]))
         if terminated or truncated:
             break
@@ -175,7 +195,9 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
                     frames = run_scene_walk(env, seed, spec.scene_frames, spec.scene_walk_steps)
                     success = True  # nothing to succeed at: every scene is kept
                 else:
-                    frames, success = run_expert_episode(env, expert, seed, spec.sim_state)
+                    frames, success = run_expert_episode(
+                        env, expert, seed, spec.sim_state, spec.action_noise, spec.action_noise_steps
+                    )
             except Exception as exc:  # an unstable simulation or a failing expert: a failed episode
                 frames, success, error = [], False, f"{type(exc).__name__}: {exc}"
             if success:

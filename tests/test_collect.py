@@ -324,3 +324,32 @@ def test_scene_settings_are_checked():
         tiny_spec(kind="scenes", sim_state=False)
     with pytest.raises(ValueError, match="exceeds max_episode_steps"):
         tiny_spec(kind="scenes", scene_frames=30, scene_walk_steps=10)
+
+
+def test_perturbed_demonstrations_record_the_experts_action_off_its_path():
+    """With action_noise the hand is pushed off the expert's path, every recorded action is still
+    what the expert does in the recorded state, and the same seed gives the same episode."""
+    from dvla.sim.collect_worker import run_expert_episode
+    from dvla.sim.experts import ScriptedExpert
+    from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
+
+    env = MetaWorldEnv(MetaWorldEnvConfig(task="reach-v3", cameras=["corner2"], image_size=32))
+    expert = ScriptedExpert("reach-v3")
+    try:
+        plain, plain_ok = run_expert_episode(env, expert, seed=3)
+        pushed, pushed_ok = run_expert_episode(env, expert, seed=3, noise=0.5, noise_steps=8)
+        again, _ = run_expert_episode(env, expert, seed=3, noise=0.5, noise_steps=8)
+    finally:
+        env.close()
+    assert plain_ok and pushed_ok
+
+    def hand(frames):  # (T, 3) hand positions
+        return np.stack([f["sim.state"][:3] for f in frames])
+
+    n = min(len(plain), len(pushed))
+    assert np.abs(hand(pushed)[:n] - hand(plain)[:n]).max() > 0.02  # pushed more than 2 cm off
+    for frame in pushed:
+        np.testing.assert_allclose(frame["action"], expert(frame["sim.state"]), atol=1e-6)
+    np.testing.assert_array_equal(hand(pushed), hand(again))
+    with pytest.raises(ValueError, match="action_noise"):
+        tiny_spec(action_noise=1.5)

@@ -290,6 +290,32 @@ def test_full_mask_fraction_hides_whole_chunks():
         tiny_vla(full_mask_fraction=1.5)
 
 
+@pytest.mark.parametrize("head", ["discrete", "flow"])
+def test_state_dropout_hides_the_state_of_drawn_samples(head):
+    """With state_dropout, the drawn samples' loss does not depend on their robot state (a learned
+    token stands in for it) and the others' does; at 0 nothing is drawn and every state counts."""
+    torch.manual_seed(0)
+    model = tiny_vla(head, state_dropout=0.5)
+    data = batch(size=6)
+    hidden = model._draw_hidden_states(6, "cpu", torch.Generator().manual_seed(1))  # (B,)
+    assert 0 < int(hidden.sum()) < 6
+
+    def loss_with_state(state):
+        data.observation.state = state
+        return float(model.compute_loss(data, generator=torch.Generator().manual_seed(1))[0])
+
+    state = data.observation.state.clone()
+    base = loss_with_state(state)
+    assert loss_with_state(torch.where(hidden[:, None], -state, state)) == pytest.approx(base, abs=1e-6)
+    assert loss_with_state(torch.where(hidden[:, None], state, -state)) != pytest.approx(base, abs=1e-4)
+    loss, _ = model.compute_loss(data)
+    loss.backward()
+    assert model.state_hidden_embed.grad is not None and model.state_hidden_embed.grad.abs().sum() > 0
+    assert tiny_vla(head)._draw_hidden_states(6, "cpu") is None
+    with pytest.raises(ValueError, match="state_dropout"):
+        tiny_vla(head, state_dropout=1.0)
+
+
 def test_sim_state_emphasis_weights_the_listed_dimensions():
     """An emphasis of "2:4=10" multiplies the squared error of dimensions 2 and 3 by 10 before the
     mean; bad specs and slices past the state are refused with the expected form in the message."""
@@ -557,3 +583,22 @@ def test_vla_adapts_a_pretrained_causal_lm_with_its_tokenizer(tmp_path):
     assert torch.equal(loaded.backbone.model.layers[1].self_attn.q_proj.weight, q)
     with pytest.raises(ValueError, match="does not fit"):
         tiny_vla(text=TextSpecials(60, 0, 2), backbone=BackboneSize(init_from=str(tmp_path)))
+
+
+def test_first_step_nll_is_the_fully_hidden_loss_per_sample():
+    """first_step_nll equals the training loss of samples drawn with the whole chunk hidden (t = 1),
+    depends on each sample's own inputs only, and refuses the flow head."""
+    torch.manual_seed(0)
+    model = tiny_vla(full_mask_fraction=1.0).eval()
+    data = batch(size=4)
+    per_sample = model.first_step_nll(data)  # (B,)
+    assert per_sample.shape == (4,) and (per_sample > 0).all()
+    with torch.no_grad():
+        loss, _ = model.compute_loss(data, generator=torch.Generator().manual_seed(0))
+    valid = (~data.actions_is_pad).sum(1).float()  # the training loss averages over valid tokens
+    assert float(loss) == pytest.approx(float((per_sample * valid).sum() / valid.sum()), rel=1e-4)
+    data.observation.images = {c: img.flip(0) for c, img in data.observation.images.items()}
+    swapped = model.first_step_nll(data)
+    assert swapped[0] != pytest.approx(float(per_sample[0]), abs=1e-6)
+    with pytest.raises(ValueError, match="discrete"):
+        tiny_vla("flow").first_step_nll(data)

@@ -249,3 +249,20 @@ def test_perception_frames_train_the_state_head_and_resume_exactly(tiny_dataset,
     )  # fmt: skip
     with pytest.raises(ValueError, match="record the scenes with the same --cameras"):
         train(config(tmp_path / "cams", perception=one_camera))
+
+
+def test_every_shipped_config_parses():
+    """Each YAML under configs/ loads into its command's config (a typo or a renamed option fails
+    here, not an hour into a user's run)."""
+    from pathlib import Path
+
+    import draccus
+
+    from dvla.collect import CollectConfig
+
+    files = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+    assert len(files) >= 10
+    for path in files:
+        config_class = CollectConfig if path.stem.startswith(("collect_", "vqa_demo")) else TrainConfig
+        config = draccus.parse(config_class=config_class, args=[f"--config_path={path}"])
+        assert config.root if config_class is CollectConfig else config.output_dir, path.name
