@@ -14,13 +14,12 @@ baseline is that average: the expert's mean first action for every seed. Prints 
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from probe_sim_state import parse_seeds
+from probe_sim_state import checkpoint_task_seeds_parser, parse_seeds
 
 from dvla.policy import DiffusionVLAPolicy
 from dvla.sim.experts import ScriptedExpert
@@ -69,12 +68,7 @@ def compare(ours: np.ndarray, theirs: np.ndarray) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--checkpoint", required=True, help="a dvla checkpoint or run folder")
-    parser.add_argument("--task", default="reach-v3")
-    parser.add_argument("--seeds", default="1000-1019", help="a range a-b or a comma list")
+    parser = checkpoint_task_seeds_parser(__doc__)
     parser.add_argument(
         "--out", default=None, help="JSON output (default outputs/bench/first_action_<task>.json)"
     )

@@ -82,13 +82,17 @@ def probe(checkpoint: str, task: str, seeds: list[int], settle: int = 0) -> dict
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def checkpoint_task_seeds_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every per-seed probe of a checkpoint on one task takes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a dvla checkpoint or run folder")
     parser.add_argument("--task", default="reach-v3")
     parser.add_argument("--seeds", default="1000-1019", help="a range a-b or a comma list")
+    return parser
+
+
+def main() -> None:
+    parser = checkpoint_task_seeds_parser(__doc__)
     parser.add_argument(
         "--settle", type=int, default=0, help="zero-action steps before the reading (default 0: first frame)"
     )
