@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.utils.data import default_collate
 
-from dvla.batch import ActionBatch, Observation
+from dvla.batch import ActionBatch
 from dvla.data import LeRobotChunks, LeRobotDataConfig
 from dvla.policy import DiffusionVLAPolicy
+from dvla.processor import encode_text
 
 
 def episode_frames(chunks: LeRobotChunks, per_task: int, offset: int, tasks: list[str] | None) -> list[int]:
@@ -63,9 +65,8 @@ def partner_of(tasks: list[str]) -> torch.Tensor:
 
 
 def swapped(batch: ActionBatch, **fields) -> ActionBatch:
-    obs = batch.observation
-    values = dict(images=obs.images, text_ids=obs.text_ids, text_valid=obs.text_valid, state=obs.state)
-    return ActionBatch(Observation(**{**values, **fields}), batch.actions, batch.actions_is_pad)
+    """The batch with some observation fields replaced (images, text_ids, text_valid, state)."""
+    return replace(batch, observation=replace(batch.observation, **fields))
 
 
 @torch.no_grad()
@@ -80,13 +81,15 @@ def measure(policy: DiffusionVLAPolicy, samples: list[dict], precision: torch.dt
     if len(task_names) < 2:
         raise SystemExit("the instruction swap needs at least 2 tasks")
     other_task = [task_names[(task_names.index(t) + 1) % len(task_names)] for t in tasks]
-    other = policy.observation(obs.images, other_task, None)
+    other_ids, other_valid = encode_text(policy.tokenizer, other_task, model.config.max_text_tokens)
     conditions = {
         "own inputs": batch,
         "images of another episode": swapped(batch, images={c: x[partner] for c, x in obs.images.items()}),
         "black images": swapped(batch, images={c: torch.zeros_like(x) for c, x in obs.images.items()}),
         "state of another episode": swapped(batch, state=obs.state[partner]),
-        "instruction of another task": swapped(batch, text_ids=other.text_ids, text_valid=other.text_valid),
+        "instruction of another task": swapped(
+            batch, text_ids=other_ids.to(obs.text_ids.device), text_valid=other_valid.to(obs.text_ids.device)
+        ),
     }
     device = obs.state.device
     results = {}

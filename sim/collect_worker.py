@@ -108,8 +108,7 @@ def run_expert_episode(
         action = expert(env.raw_obs)
         if noise > 0 and step % noise_steps == 0:
             push[:3] = rng.uniform(-noise, noise, 3)
-        executed = np.clip(action + push, -1.0, 1.0) if noise > 0 else action
-        next_obs, reward, terminated, truncated, info = env.step(executed)
+        next_obs, reward, terminated, truncated, info = env.step(np.clip(action + push, -1.0, 1.0))
         frames.append(_frame(obs, raw_obs, action, reward, info["success"]))
         if terminated or truncated:
             break
