@@ -1,7 +1,7 @@
 """Does the first action depend on where the goal is? The policy against the expert at reset.
 
     python benchmarks/first_action.py --checkpoint RUN [--task reach-v3] [--seeds 1000-1019] \
-        [--out outputs/bench/first_action_<task>.json]
+        [--out outputs/bench/first_action_<run>_<task>.json]
 
 At the first frame of an episode the robot state is the same for every seed (the arm starts at
 one place), so only the cameras can tell the policy where this seed's goal and objects are. For
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from probe_sim_state import checkpoint_task_seeds_parser, parse_seeds
+from probe_sim_state import checkpoint_task_seeds_parser, default_out, parse_seeds
 
 from dvla.policy import DiffusionVLAPolicy
 from dvla.sim.experts import ScriptedExpert
@@ -70,7 +70,7 @@ def compare(ours: np.ndarray, theirs: np.ndarray) -> dict:
 def main() -> None:
     parser = checkpoint_task_seeds_parser(__doc__)
     parser.add_argument(
-        "--out", default=None, help="JSON output (default outputs/bench/first_action_<task>.json)"
+        "--out", default=None, help="JSON output (default outputs/bench/first_action_<run>_<task>.json)"
     )
     args = parser.parse_args()
     seeds = parse_seeds(args.seeds)
@@ -86,7 +86,7 @@ def main() -> None:
             f"| {axis} | {row['policy_spread']:.3f} | {row['expert_spread']:.3f} | {row['correlation']:+.2f} "
             f"| {row['policy_error']:.3f} | {row['blind_error']:.3f} |"
         )
-    out = Path(args.out or f"outputs/bench/first_action_{args.task}.json")
+    out = Path(args.out) if args.out else default_out("first_action", args.checkpoint, args.task)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "checkpoint": args.checkpoint,

@@ -1,7 +1,7 @@
 """Does the model see where the goal is? The simulator-state head's reading at the first frame.
 
     python benchmarks/probe_sim_state.py --checkpoint outputs/train/mt3_sim --task reach-v3 \
-        [--seeds 1000-1019] [--out outputs/bench/probe_reach.json]
+        [--seeds 1000-1019] [--out outputs/bench/probe_<run>_<task>.json]
 
 For a checkpoint trained with `--dataset.sim_state_key sim.state`: resets the task at each seed,
 renders the first frame, and compares the head's reading of the goal and the first object with the
@@ -91,12 +91,21 @@ def checkpoint_task_seeds_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def default_out(kind: str, checkpoint: str, task: str) -> Path:
+    """outputs/bench/<kind>_<run>_<task>.json: probes of two runs never overwrite each other."""
+    path = Path(checkpoint).resolve()
+    run = path.parent.parent.name if path.parent.name == "checkpoints" else path.name
+    return Path(f"outputs/bench/{kind}_{run}_{task}.json")
+
+
 def main() -> None:
     parser = checkpoint_task_seeds_parser(__doc__)
     parser.add_argument(
         "--settle", type=int, default=0, help="zero-action steps before the reading (default 0: first frame)"
     )
-    parser.add_argument("--out", default=None, help="JSON output (default outputs/bench/probe_<task>.json)")
+    parser.add_argument(
+        "--out", default=None, help="JSON output (default outputs/bench/probe_<run>_<task>.json)"
+    )
     args = parser.parse_args()
     result = probe(args.checkpoint, args.task, parse_seeds(args.seeds), args.settle)
     print(f"{args.task}, first frame of seeds {args.seeds}, {args.checkpoint}\n")
@@ -107,7 +116,7 @@ def main() -> None:
             f"| {part} | {row['head_mean']:.1f} cm | {row['head_median']:.1f} cm "
             f"| {row['blind_constant']:.1f} cm |"
         )
-    out = Path(args.out or f"outputs/bench/probe_{args.task}.json")
+    out = Path(args.out) if args.out else default_out("probe", args.checkpoint, args.task)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"\nsaved {out}")
