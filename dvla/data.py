@@ -47,6 +47,9 @@ class LeRobotDataConfig:
     image_size: int | None = None
     # Only these episode indices (None = all).
     episodes: list[int] | None = None
+    # Only the episodes of these tasks, named by their instruction as the dataset stores it (meta/tasks),
+    # e.g. ["Open a drawer"]; combined with `episodes` when both are set. None = every task.
+    tasks: list[str] | None = None
     # Video decoder: pyav works everywhere; torchcodec is faster where system FFmpeg is installed.
     video_backend: str = VIDEO_BACKEND
     # Decode every frame once before training and keep it in RAM as uint8 (frames x cameras x 3 x
@@ -72,6 +75,29 @@ def _load_metadata(config: LeRobotDataConfig):
             "Record one with `dvla collect`, or set dataset.repo_id to load one from the hub."
         )
     return repo_id, LeRobotDatasetMetadata(repo_id, root=config.root)
+
+
+def select_episodes(config: LeRobotDataConfig, meta) -> list[int] | None:
+    """The episode indices `episodes` and `tasks` select (None = every episode)."""
+    if config.tasks is None:
+        return config.episodes
+    known = set(meta.tasks.index)
+    unknown = [task for task in config.tasks if task not in known]
+    if unknown:
+        raise ValueError(
+            f"dataset.tasks {unknown} are not tasks of {config.root or config.repo_id}; "
+            f"its tasks are {sorted(known)}. Name them by these instructions."
+        )
+    wanted = set(config.tasks)
+    allowed = None if config.episodes is None else {int(e) for e in config.episodes}
+    episodes = [
+        int(row["episode_index"])
+        for row in meta.episodes
+        if wanted & set(row["tasks"]) and (allowed is None or int(row["episode_index"]) in allowed)
+    ]
+    if not episodes:
+        raise ValueError(f"dataset.episodes {config.episodes} hold no episode of the tasks {config.tasks}")
+    return sorted(episodes)
 
 
 def resolve_cameras(config: LeRobotDataConfig, features: dict) -> dict[str, str]:
@@ -120,14 +146,15 @@ class LeRobotChunks(torch.utils.data.Dataset):
         sim_key = config.sim_state_key
         self.sim_state_dim = int(np.prod(features[sim_key]["shape"])) if sim_key else 0
         delta = {config.action_key: [i / meta.fps for i in range(config.chunk_size)]}
+        selected_episodes = select_episodes(config, meta)
         self.dataset = LeRobotDataset(
             repo_id,
             root=config.root,
-            episodes=config.episodes,
+            episodes=selected_episodes,
             delta_timestamps=delta,
             video_backend=config.video_backend,
         )
-        episodes = config.episodes if config.episodes is not None else range(meta.total_episodes)
+        episodes = selected_episodes if selected_episodes is not None else range(meta.total_episodes)
         # the tasks of the selected episodes, in the dataset's order
         selected = {task for e in episodes for task in meta.episodes[int(e)]["tasks"]}
         self.tasks = [task for task in meta.tasks.index if task in selected]

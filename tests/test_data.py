@@ -113,6 +113,17 @@ def test_frame_cache_gives_the_decoded_samples(foreign_dataset, episodes):
             assert np.array_equal(a[key], b[key]), key
 
 
+def test_tasks_select_their_episodes(foreign_dataset):
+    base = dict(root=str(foreign_dataset), chunk_size=5)
+    one = LeRobotChunks(LeRobotDataConfig(**base, tasks=["stack block 1"]))
+    assert len(one) == 12 and one.tasks == ["stack block 1"]
+    assert one[0]["task"] == "stack block 1" and one[0]["actions"][0, 0] == 100
+    with pytest.raises(ValueError, match="hold no episode"):  # episode 0 is stack block 0
+        LeRobotChunks(LeRobotDataConfig(**base, tasks=["stack block 1"], episodes=[0]))
+    with pytest.raises(ValueError, match=r"\['stack block 9'\] are not tasks.*its tasks are"):
+        LeRobotChunks(LeRobotDataConfig(**base, tasks=["stack block 9"]))
+
+
 def test_several_datasets_train_as_one(foreign_dataset):
     from dvla.processor import ACTION_KEY, STATE_KEY
     from dvla.robot_data import robot_dataset
