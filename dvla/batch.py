@@ -63,6 +63,9 @@ class VQABatch:
     answer_ids: torch.Tensor  # (B, A) answer tokens padded with EOS
     # (I, G*G, C) auxiliary multi-hot target per image (I = B without image_index); training only
     scene_map: torch.Tensor | None = None
+    # (B, 2, 4) the cell (-1 for none) and place of the two objects a spatial question names
+    # (`dvla.sim.vqa_scene_map.referent_targets`); training only
+    referents: torch.Tensor | None = None
 
 
 def fake_observation(

@@ -248,9 +248,12 @@ class VQAScenes(torch.utils.data.Dataset):
         split: str = "train",
         image_size: int | None = None,
         scene_map_grid: int | None = None,
+        referent_grid: int | None = None,
     ):
         """`scene_map_grid` adds each scene's map on that grid (`dvla.sim.vqa_scene_map`) as
-        "scene_map" (G*G, C), the target of the model's auxiliary scene-map head."""
+        "scene_map" (G*G, C), the target of the model's auxiliary scene-map head. `referent_grid`
+        adds "referents" (2, 4): cell and place of the two objects a spatial question names
+        (`dvla.sim.vqa_scene_map.referent_targets`), the target of the model's referent pointers."""
         import datasets
 
         root = Path(root)
@@ -265,12 +268,14 @@ class VQAScenes(torch.utils.data.Dataset):
         self.data = splits[split]
         self.image_size = image_size
         self.scene_map_grid = scene_map_grid
+        self.referent_grid = referent_grid
 
     def __len__(self) -> int:
         return len(self.data)
 
     def __getitem__(self, index: int) -> dict:
         row = self.data[int(index)]
+        referents = self.referents([row["question"]], row)[0] if self.referent_grid else None  # (2, 4)
         image = torch.from_numpy(np.array(row["image"].convert("RGB"))).permute(2, 0, 1).float() / 255
         return {
             "images": {self.CAMERA: resize_image(image, self.image_size)},  # (3, H, W)
@@ -278,14 +283,28 @@ class VQAScenes(torch.utils.data.Dataset):
             "answer": row["answer"],
             "question_type": row["question_type"],
             **({"scene_map": self._scene_map(row)} if self.scene_map_grid else {}),
+            **({"referents": referents} if referents is not None else {}),
         }
 
     def _scene_map(self, row: dict) -> torch.Tensor:
         from dvla.sim.vqa_scene_map import scene_map
-        from dvla.sim.vqa_scenes import SceneObject
 
-        objects = [SceneObject(**o) for o in json.loads(row["objects"])]
-        return torch.from_numpy(scene_map(objects, self.scene_map_grid))  # (G*G, C)
+        return torch.from_numpy(scene_map(_scene_objects(row), self.scene_map_grid))  # (G*G, C)
+
+    def referents(self, questions: list[str], row: dict) -> torch.Tensor:
+        """(Q, 2, 4) `referent_targets` of each question about `row`'s scene."""
+        from dvla.sim.vqa_scene_map import referent_targets
+
+        objects = _scene_objects(row)
+        return torch.from_numpy(
+            np.stack([referent_targets(q, objects, self.referent_grid) for q in questions])
+        )
+
+
+def _scene_objects(row: dict) -> list:
+    from dvla.sim.vqa_scenes import SceneObject
+
+    return [SceneObject(**o) for o in json.loads(row["objects"])]
 
 
 TEXT_FIELDS = ("question", "answer", "question_type")  # the per-question fields of a VQA sample
@@ -320,13 +339,14 @@ class VQAScenesByImage(torch.utils.data.Dataset):
         text = self.text[rows]  # question, answer, question_type: lists over its rows
         if self.extra_spatial:
             text = self._add_spatial(int(index), rows[0], text)
+        if self.questions.referent_grid:  # (Q, 2, 4): one pair per question, extras included
+            first["referents"] = self.questions.referents(text["question"], self.objects[rows[0]])
         return {**first, **text}
 
     def _add_spatial(self, index: int, row: int, text: dict) -> dict:
         from dvla.sim.vqa_questions import spatial_question
-        from dvla.sim.vqa_scenes import SceneObject
 
-        objects = [SceneObject(**o) for o in json.loads(self.objects[row]["objects"])]
+        objects = _scene_objects(self.objects[row])
         rng = np.random.default_rng([self.seed, index])
         text = {k: list(v) for k, v in text.items()}
         asked, added = set(text["question"]), 0
@@ -346,9 +366,12 @@ def collate_by_image(samples: list[dict]) -> dict:
     """VQAScenesByImage items -> one batch: images (I, 3, H, W) once each, the questions of all
     of them flattened (B), and "image_index" (B,), the image row of each question."""
     counts = torch.tensor([len(s["question"]) for s in samples])
-    out = collate([{k: v for k, v in s.items() if k not in TEXT_FIELDS} for s in samples])
+    per_question = (*TEXT_FIELDS, "referents")
+    out = collate([{k: v for k, v in s.items() if k not in per_question} for s in samples])
     for key in TEXT_FIELDS:
         out[key] = [text for s in samples for text in s[key]]
+    if "referents" in samples[0]:
+        out["referents"] = torch.cat([s["referents"] for s in samples])  # (B, 2, 4)
     out["image_index"] = torch.repeat_interleave(torch.arange(len(samples)), counts)  # (B,)
     return out
 

@@ -58,6 +58,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         state_dropout=new.state_dropout,
         scene_map_weight=new.scene_map_weight,
         scene_map_positions=new.scene_map_positions,
+        referent_weight=new.referent_weight,
     )
 
 

@@ -30,6 +30,7 @@ from dvla.model_config import DiffusionVLAConfig
 from dvla.sim_state_head import VisionStateHead, emphasis_weights, weighted_mse
 from dvla.vision.encoder import VisionEncoder
 from dvla.vision.film import TextFiLM
+from dvla.vision.referents import ReferentPointers
 from dvla.vision.relation import RelationToken
 
 RELATION_QUERIES = 4  # attention queries the relation token pools the question with
@@ -126,6 +127,9 @@ class DiffusionVLA(nn.Module):
         self.relation = (
             RelationToken(d, RELATION_QUERIES, config.max_text_tokens) if config.relation_token else None
         )
+        self.referents = ReferentPointers(d, config.max_text_tokens) if config.referent_pointers else None
+        if self.referents is not None and config.referent_weight > 0:
+            self._square_grid("referent_pointers with referent_weight > 0")
         if config.sim_state_input and not config.sim_state_dim:
             raise ValueError(
                 "model.sim_state_input needs a simulator-state target: "
@@ -144,14 +148,24 @@ class DiffusionVLA(nn.Module):
     def _scene_map_head(self, d: int) -> nn.Module:
         from dvla.sim.vqa_scene_map import CHANNELS, POSITION_CHANNELS
 
+        self._square_grid("scene_map_weight")
+        outputs = len(CHANNELS) + (len(POSITION_CHANNELS) if self.config.scene_map_positions else 0)
+        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, outputs))
+
+    def _square_grid(self, what: str) -> int:
         k = self.vision.tokens_per_camera
         if math.isqrt(k) ** 2 != k:
             raise ValueError(
-                f"scene_map_weight needs a square grid of image tokens; tokens_per_camera is {k} "
-                "(use 16, 64, ...)"
+                f"{what} needs a square grid of image tokens; tokens_per_camera is {k} (use 16, 64, ...)"
             )
-        outputs = len(CHANNELS) + (len(POSITION_CHANNELS) if self.config.scene_map_positions else 0)
-        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, outputs))
+        return math.isqrt(k)
+
+    @property
+    def referent_grid(self) -> int | None:
+        """Side of the grid the referent target's cells are on, or None without that target."""
+        if self.referents is None or self.config.referent_weight <= 0:
+            return None
+        return math.isqrt(self.vision.tokens_per_camera)
 
     @property
     def scene_map_grid(self) -> int | None:
@@ -165,21 +179,31 @@ class DiffusionVLA(nn.Module):
         train: bool = False,
         image_tokens: torch.Tensor | None = None,
         hide_state: torch.Tensor | None = None,
+        extras: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P, d) embeddings of [images | text | state | simulator-state reading] and their
         validity (B, P). `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already
         computed. The reading token exists with sim_state_input, for robot observations only.
-        `hide_state` (B,) bool replaces those samples' state token by the learned "no state" one."""
+        `hide_state` (B,) bool replaces those samples' state token by the learned "no state" one.
+        `extras`, when given, receives the referent pointers' output as "referents"."""
         if image_tokens is None:
             image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
         encoded = image_tokens
         if obs.image_index is not None:
             image_tokens = image_tokens[obs.image_index]  # (B, N, d): several samples share an image
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
+        referents = None
+        if self.referents is not None:  # pointers read the encoder's tokens, before any FiLM
+            found = self.referents(image_tokens, text, obs.text_valid)
+            referents = found.tokens  # (B, 3, d)
+            if extras is not None:
+                extras["referents"] = found
         if self.text_film is not None:
             image_tokens = self.text_film(image_tokens, text, obs.text_valid)  # (B, N, d)
         if self.relation is not None:  # (B, N + 1, d): the relation token after the image tokens
             image_tokens = torch.cat([image_tokens, self.relation(image_tokens, text, obs.text_valid)], 1)
+        if referents is not None:  # (B, N [+ 1] + 3, d)
+            image_tokens = torch.cat([image_tokens, referents], 1)
         parts, valid = (
             [image_tokens, text],
             [torch.ones(image_tokens.shape[:2], dtype=torch.bool), obs.text_valid],
@@ -251,11 +275,15 @@ class DiffusionVLA(nn.Module):
         target_embeds: torch.Tensor,
         train: bool,
         hide_state: torch.Tensor | None = None,
+        extras: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of [prefix | target] in one pass (B, P + T, d), and the encoder's tokens
-        of the images (I, N, d; I = B unless samples share images through obs.image_index)."""
+        of the images (I, N, d; I = B unless samples share images through obs.image_index).
+        `extras` as in `prefix_embeds`."""
         image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
-        prefix, valid = self.prefix_embeds(obs, image_tokens=image_tokens, hide_state=hide_state)
+        prefix, valid = self.prefix_embeds(
+            obs, image_tokens=image_tokens, hide_state=hide_state, extras=extras
+        )
         t = target_embeds.shape[1]
         out = self.backbone(
             inputs_embeds=torch.cat([prefix, target_embeds], dim=1),
@@ -387,14 +415,46 @@ class DiffusionVLA(nn.Module):
         t = sample_times(answers.shape[0], generator=generator).to(answers.device)
         noisy, masked = mask_tokens(answers, t, self.mask_id, generator=generator)
         target = self.backbone.embed(noisy)  # (B, A, d)
-        hidden, image_tokens = self._full_pass(batch.observation, target, train=True)
+        extras = {}
+        hidden, image_tokens = self._full_pass(batch.observation, target, train=True, extras=extras)
         logits = self.text_logits(hidden[:, -target.shape[1] :])  # (B, A, V)
         loss, metrics = masked_diffusion_loss(logits, answers, masked, t)
+        answer_loss = float(loss.detach())
         if self.scene_map_head is not None and batch.scene_map is not None:
             aux, aux_metrics = self.scene_map_loss(image_tokens, batch.scene_map)
-            metrics = {**metrics, "answer_loss": float(loss.detach()), **aux_metrics}
+            metrics = {**metrics, "answer_loss": answer_loss, **aux_metrics}
             loss = loss + self.config.scene_map_weight * aux
+        if self.referent_grid is not None and batch.referents is not None:
+            aux, aux_metrics = self.referent_loss(extras["referents"], batch.referents, answers)
+            metrics = {**metrics, "answer_loss": answer_loss, **aux_metrics}
+            loss = loss + self.config.referent_weight * aux
         return loss, metrics
+
+    def referent_loss(
+        self, found, targets: torch.Tensor, answers: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The referent pointers' targets, for the questions that name a pair (targets (B, 2, 4):
+        cell, then column, row, depth; cell -1 elsewhere): the cross-entropy of each pointer's
+        attention over the scene camera's grid against its object's cell, the squared error of the
+        place read for it, and the cross-entropy of the answer's first token read off the comparison
+        token through the answer head (deep supervision: the answer is an interaction of relation
+        word and positions that the answer loss alone, four layers on, did not teach)."""
+        k = self.vision.tokens_per_camera
+        targets = targets.to(found.logits.device)
+        asks = targets[:, 0, 0] >= 0  # (B,)
+        if not asks.any():
+            zero = found.tokens.sum() * 0.0 + found.logits.sum() * 0.0 + found.places.sum() * 0.0
+            return zero, {"referent_ce": 0.0, "referent_place_mse": 0.0, "comparison_ce": 0.0}
+        logits = found.logits[asks][..., :k].float().flatten(0, 1)  # (B'*2, K)
+        pointed = F.cross_entropy(logits, targets[asks][..., 0].long().flatten())
+        placed = (found.places[asks].float() - targets[asks][..., 1:]).square().mean()
+        compared = F.cross_entropy(self.text_logits(found.tokens[asks, 2]).float(), answers[asks, 0])
+        metrics = {
+            "referent_ce": float(pointed.detach()),
+            "referent_place_mse": float(placed.detach()),
+            "comparison_ce": float(compared.detach()),
+        }
+        return pointed + placed + compared, metrics
 
     def scene_map_loss(
         self, image_tokens: torch.Tensor, scene_map: torch.Tensor

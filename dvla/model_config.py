@@ -94,6 +94,14 @@ class DiffusionVLAConfig:
     # One more prefix token after the image tokens: a relation network (`dvla.vision.relation`) that
     # reads every pair of image tokens with the question, for questions comparing two objects.
     relation_token: bool = False
+    # Three more prefix tokens after the image tokens (`dvla.vision.referents`): two pointers read off
+    # the question each attend over the image tokens (the first and the second object it names), and
+    # the two picked tokens plus an MLP's comparison of them become tokens the backbone reads.
+    referent_pointers: bool = False
+    # Weight of the pointers' auxiliary target (training only, never an input): the cross-entropy of
+    # each pointer's attention over the scene camera's grid against the cell of the object it should
+    # name, for spatial VQA questions (from the scene's ground truth). 0 leaves them to the answer loss.
+    referent_weight: float = 1.0
 
     def __post_init__(self):
         if self.action_head not in ACTION_HEADS:
@@ -103,6 +111,8 @@ class DiffusionVLAConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.scene_map_weight < 0:
             raise ValueError(f"scene_map_weight must be >= 0, got {self.scene_map_weight}")
+        if self.referent_weight < 0:
+            raise ValueError(f"referent_weight must be >= 0, got {self.referent_weight}")
         if self.scene_map_positions and not self.scene_map_weight:
             raise ValueError("scene_map_positions needs the scene map: set scene_map_weight > 0")
         if self.text_film_queries < 0 or (self.text_film_queries and not self.text_film):

@@ -127,7 +127,9 @@ class DiffusionVLAPolicy:
         scene_map = sample.get("scene_map")  # (I, G*G, C) per image, with the scene-map target
         if scene_map is not None:
             scene_map = scene_map.to(self.device)
-        return VQABatch(obs, answers.to(self.device), scene_map)
+        referents = sample.get("referents")  # (B, 2, 4) with the referent target
+        referents = referents.to(self.device) if referents is not None else None
+        return VQABatch(obs, answers.to(self.device), scene_map, referents)
 
     @torch.no_grad()
     def predict_action_chunk(self, images, texts, state) -> torch.Tensor:

@@ -32,7 +32,14 @@ TRAINING_STATE = "training_state.pt"
 
 
 # auxiliary-target metrics of the model's loss -> their short name on the progress bar
-AUX_METRICS = {"sim_state_mse": "sim_mse", "scene_map_bce": "map_bce", "scene_map_position_mse": "pos_mse"}
+AUX_METRICS = {
+    "sim_state_mse": "sim_mse",
+    "scene_map_bce": "map_bce",
+    "scene_map_position_mse": "pos_mse",
+    "referent_ce": "ref_ce",
+    "referent_place_mse": "ref_mse",
+    "comparison_ce": "cmp_ce",
+}
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -104,6 +111,7 @@ def train(config: TrainConfig) -> TrainResult:
     _check_perception_fits(config, robot, perception, model)
     if vqa is not None:
         vqa.scene_map_grid = model.scene_map_grid  # the auxiliary target's grid, None without one
+        vqa.referent_grid = model.referent_grid  # the pointers' target grid, None without one
     info = {
         "tasks": robot.tasks if robot else [],
         "dataset": ", ".join(dataset_name(d) for d in config.robot_datasets) or None,

@@ -136,3 +136,33 @@ def generate_questions(
         "spatial": lambda: spatial_question(objects, rng),
     }
     return [qa for qa in (make() for make in makers.values()) if qa is not None]
+
+
+def _spatial_patterns() -> list:
+    """One regular expression per spatial template, capturing the two object names."""
+    import re
+
+    relation = "(?:" + "|".join(re.escape(r) for r in RELATIONS.values()) + ")"
+    slots = {r"\{a\}": "(?P<a>.+?)", r"\{rel\}": relation, r"\{b\}": "(?P<b>.+?)"}
+    patterns = []
+    for template in _SPATIAL:
+        pattern = re.escape(template)
+        for slot, group in slots.items():
+            pattern = pattern.replace(slot, group)
+        patterns.append(re.compile(f"^{pattern}$"))
+    return patterns
+
+
+_SPATIAL_PATTERNS = _spatial_patterns()
+
+
+def spatial_referents(question: str, objects: list[SceneObject]) -> tuple[int, int] | None:
+    """Indices into `objects` of the two objects a spatial question names (first, second), or None
+    when it is not a spatial question or a name does not fit exactly one object."""
+    names = {reference(o, objects): i for i, o in enumerate(objects)}  # unique names only
+    names.pop(None, None)
+    for pattern in _SPATIAL_PATTERNS:  # "Is the a located left of b?" also fits "Is the {a} {rel}..."
+        match = pattern.match(question)
+        if match and match.group("a") in names and match.group("b") in names:
+            return names[match.group("a")], names[match.group("b")]
+    return None

@@ -1,5 +1,7 @@
 """The assembled VLA: shapes, exact prefix caching, decoding modes, overfitting, VQA, checkpoints."""
 
+import math
+
 import pytest
 import torch
 from conftest import tiny_causal_lm
@@ -549,6 +551,58 @@ def test_relation_token_reads_pairs_of_image_tokens_with_the_question():
     assert model.vision.backbone.conv1[0].weight.grad.abs().sum() > 0
     decode = DecodeConfig(steps=2)
     assert model.eval().answer_ids(obs, decode).tokens.shape == (2, model.config.answer_tokens)
+
+
+def test_referent_pointers_learn_to_point_at_and_place_the_named_objects():
+    """Three more prefix tokens after the image tokens: the two tokens the question's pointers pick
+    and their comparison. The referent targets alone teach the pointers to point at given cells and
+    the places to match (so the gradient reaches the pointers and the encoder); questions without a
+    pair (-1) add nothing; the comparison token is trained to read as the answer."""
+    torch.manual_seed(0)
+    model = tiny_vla(cameras=("scene",), referent_pointers=True)
+    obs = fake_observation(4, ["scene"], 32, 6, 50, None)
+    embeds, _ = model.prefix_embeds(obs)
+    n = model.vision.tokens_per_camera
+    assert model.referent_grid == 2 and embeds.shape[1] == n + 3 + obs.text_ids.shape[1]
+    text = model.backbone.embed(obs.text_ids)
+    found = model.referents(model.vision(obs.images), text, obs.text_valid)
+    assert found.tokens.shape == (4, 3, 64) and found.logits.shape == (4, 2, n)
+    assert found.places.shape == (4, 2, 3)
+    torch.testing.assert_close(embeds[:, n : n + 3], found.tokens)
+    cells = torch.tensor([[0, 3], [2, 1], [-1, -1], [1, 0]])
+    places = torch.rand(4, 2, 3) * 2
+    targets = torch.cat([cells[..., None].float(), places], -1)  # (B, 2, 4)
+    targets[2, :, 1:] = float("nan")
+    answers = torch.tensor([[10, 2, 2], [11, 12, 2], [10, 2, 2], [11, 2, 2]])
+    extras = {}
+    model.prefix_embeds(obs, extras=extras)
+    none = torch.full((4, 2, 4), float("nan"))
+    none[..., 0] = -1
+    assert model.referent_loss(extras["referents"], none, answers)[0].item() == 0.0
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        extras = {}
+        model.prefix_embeds(obs, train=True, extras=extras)
+        loss, metrics = model.referent_loss(extras["referents"], targets, answers)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.prefix_embeds(obs, extras=extras)
+    found = extras["referents"]
+    assert torch.equal(found.logits.argmax(-1)[[0, 1, 3]], cells[[0, 1, 3]])
+    torch.testing.assert_close(found.places[[0, 1, 3]], places[[0, 1, 3]], atol=0.1, rtol=0)
+    assert metrics["comparison_ce"] < 0.1 and not math.isnan(metrics["referent_place_mse"])
+    opt.zero_grad()
+    loss, metrics = model.compute_vqa_loss(VQABatch(obs, answers, referents=targets))
+    loss.backward()
+    assert {"referent_ce", "referent_place_mse", "comparison_ce"} <= set(metrics)
+    assert metrics["answer_loss"] < loss.item()
+    assert model.referents.compare[-1].weight.grad.abs().sum() > 0
+    assert model.vision.backbone.conv1[0].weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="referent_weight"):
+        DiffusionVLAConfig(referent_weight=-1)
+    with pytest.raises(ValueError, match="square grid"):
+        tiny_vla(cameras=("scene",), referent_pointers=True, vision=VisionConfig(tokens_per_camera=3))
 
 
 def test_bad_model_configs():

@@ -46,11 +46,12 @@ def cotrained(tiny_dataset, tiny_vqa, tmp_path_factory):
     )
     config.model.vision.cameras = ["corner2", "gripperPOV", "scene"]
     # VQA batches of 2 scenes with all their questions (and 2 more spatial ones each), the scene-map
-    # target with positions on a 2 x 2 grid, order-aware FiLM and the relation token
+    # target with positions on a 2 x 2 grid, order-aware FiLM, the relation token and the referent
+    # pointers with their target
     config.model.vision.tokens_per_camera, config.model.scene_map_weight = 4, 1.0
     config.model.scene_map_positions = True
     config.model.text_film, config.model.text_film_queries = True, 2
-    config.model.relation_token = True
+    config.model.relation_token = config.model.referent_pointers = True
     return train(config).checkpoint
 
 
@@ -72,6 +73,7 @@ def test_cotrained_checkpoint_acts_and_answers(cotrained, tiny_vqa):
     config = load_checkpoint(cotrained)[0].config
     assert config.scene_map_weight == 1.0 and load_checkpoint(cotrained)[0].scene_map_grid == 2
     assert config.scene_map_positions and config.text_film_queries == 2 and config.relation_token
+    assert config.referent_pointers and load_checkpoint(cotrained)[0].referent_grid == 2
     assert sorted(info["tasks"]) == ["Open a door with a revolving joint", "Reach a goal position"]
     assert info["vqa"] == str(tiny_vqa)
     policy = DiffusionVLAPolicy.from_pretrained(cotrained)

@@ -219,11 +219,41 @@ def test_built_dataset_splits_and_loading(tmp_path, renderer):
     mapped = VQAScenes(root, "test", image_size=32, scene_map_grid=4)
     objects = [SceneObject(**o) for o in json.loads(dd["test"][1]["objects"])]
     np.testing.assert_array_equal(mapped[1]["scene_map"].numpy(), scene_map(objects, 4))
+    _check_referents(root, dd, renderer)
 
     # deterministic: the same seed builds the same questions
     again = build_vqa_dataset(tmp_path / "vqa2", scenes=20, image_size=48, seed=0)
     assert again["split_questions"] == report["split_questions"]
     assert datasets.load_from_disk(str(tmp_path / "vqa2"))["train"]["question"] == dd["train"]["question"]
+
+
+def _check_referents(root, dd, renderer):
+    """Each spatial question's two cells and places are where MuJoCo's camera shows the objects it
+    names, in the order it names them; other questions get -1; grouped batches carry one pair per
+    question."""
+    pointed = VQAScenes(root, "train", image_size=32, referent_grid=4)
+    spatial = 0
+    for i, row in enumerate(dd["train"]):
+        targets = pointed[i]["referents"]  # (2, 4)
+        if row["question_type"] != "spatial":
+            assert targets[:, 0].tolist() == [-1, -1] and targets[:, 1:].isnan().all()
+            continue
+        spatial += 1
+        objects = [SceneObject(**o) for o in json.loads(row["objects"])]
+        m = re.search(
+            r"the (.+?) (?:located |sit )?(?:left of|right of|in front of|behind) the (.+)\?", row["question"]
+        )
+        for name, target in zip(m.groups(), targets.tolist(), strict=True):
+            (obj,) = _find(name, objects)
+            col, row_px, _ = renderer.project(obj.x, obj.y, SIZES[obj.size])
+            assert target[0] == int(row_px * 4 / 128) * 4 + int(col * 4 / 128)
+            np.testing.assert_allclose(target[1:3], (col * 4 / 128, row_px * 4 / 128), atol=4e-3)
+    assert spatial > 5
+    grouped = VQAScenesByImage(pointed, extra_spatial=2, seed=1)
+    batch = collate_by_image([grouped[0], grouped[1]])
+    assert batch["referents"].shape == (len(batch["question"]), 2, 4)
+    kinds = torch.tensor([t == "spatial" for t in batch["question_type"]])
+    assert torch.equal(batch["referents"][:, 0, 0] >= 0, kinds)
 
 
 def test_vqa_errors(tmp_path):
