@@ -95,12 +95,14 @@ class DiffusionVLAConfig:
     # reads every pair of image tokens with the question, for questions comparing two objects.
     relation_token: bool = False
     # Three more prefix tokens after the image tokens (`dvla.vision.referents`): two pointers read off
-    # the question each attend over the image tokens (the first and the second object it names), and
-    # the two picked tokens plus an MLP's comparison of them become tokens the backbone reads.
+    # the question each attend over the image tokens (the first and the second object it names), a
+    # head places each picked object, and the two picked tokens plus an MLP's comparison of them (fed
+    # the places' offset gated by the question) become tokens the backbone reads.
     referent_pointers: bool = False
-    # Weight of the pointers' auxiliary target (training only, never an input): the cross-entropy of
-    # each pointer's attention over the scene camera's grid against the cell of the object it should
-    # name, for spatial VQA questions (from the scene's ground truth). 0 leaves them to the answer loss.
+    # Weight of the pointers' auxiliary targets (training only, never inputs), on VQA questions that
+    # name two objects (from the scene's ground truth): each pointer's attention against its object's
+    # cell, the places against the objects' places, and the answer read off the comparison token.
+    # 0 leaves the pointers to the answer loss.
     referent_weight: float = 1.0
 
     def __post_init__(self):

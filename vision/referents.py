@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dvla.vision.film import TextPooling
+
 POINTERS = 2  # the first and the second object a question names
 PLACE_AXES = 3  # image column, image row, depth
 
@@ -62,6 +64,7 @@ class ReferentPointers(nn.Module):
             nn.Linear(hidden, width),
         )
         self.out_norm = nn.LayerNorm(width)
+        self.mean_words = TextPooling(width)  # the mean of the valid words: the whole question
 
     def forward(self, image_tokens: torch.Tensor, text: torch.Tensor, valid: torch.Tensor) -> Referents:
         valid = valid.to(text.device)
@@ -75,8 +78,7 @@ class ReferentPointers(nn.Module):
         x = self.image_norm(image_tokens)
         logits = torch.einsum("bpd,bnd->bpn", pointers, self.keys(x)) * x.shape[-1] ** -0.5  # (B, 2, N)
         picked = torch.einsum("bpn,bnd->bpd", logits.float().softmax(-1).to(x.dtype), self.values(x))
-        weights = valid.to(words.dtype)[..., None]  # (B, L, 1)
-        question = (words * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, d)
+        question = self.mean_words(words, valid)  # (B, d)
         places = self.locate(torch.cat([picked, phrases], dim=-1))  # (B, 2, 3)
         gated = (places[:, 0] - places[:, 1]) * self.gate(question)  # (B, 3)
         compared = self.compare(torch.cat([picked[:, 0], picked[:, 1], question, gated], dim=-1))  # (B, d)
