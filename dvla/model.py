@@ -183,7 +183,8 @@ class DiffusionVLA(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P, d) embeddings of [images | text | state | simulator-state reading] and their
         validity (B, P). `image_tokens` (I, N, d) are the encoder's tokens of obs.images when already
-        computed. The reading token exists with sim_state_input, for robot observations only.
+        computed. The reading token exists with sim_state_input, for robot observations only; the
+        question modules' tokens for questions (observations without a state) only.
         `hide_state` (B,) bool replaces those samples' state token by the learned "no state" one.
         `extras`, when given, receives the referent pointers' output as "referents"."""
         if image_tokens is None:
@@ -192,15 +193,19 @@ class DiffusionVLA(nn.Module):
         if obs.image_index is not None:
             image_tokens = image_tokens[obs.image_index]  # (B, N, d): several samples share an image
         text = self.backbone.embed(obs.text_ids)  # (B, L, d)
+        # The question modules (FiLM, relation token, referent pointers) serve questions about the
+        # scene camera; robot observations (those with a state) skip them, so a co-trained model's
+        # robot path is that of an action-only model and the robot loss never trains them.
+        question = obs.state is None
         referents = None
-        if self.referents is not None:  # pointers read the encoder's tokens, before any FiLM
+        if self.referents is not None and question:  # pointers read the encoder's tokens, before FiLM
             found = self.referents(image_tokens, text, obs.text_valid)
             referents = found.tokens  # (B, 3, d)
             if extras is not None:
                 extras["referents"] = found
-        if self.text_film is not None:
+        if self.text_film is not None and question:
             image_tokens = self.text_film(image_tokens, text, obs.text_valid)  # (B, N, d)
-        if self.relation is not None:  # (B, N + 1, d): the relation token after the image tokens
+        if self.relation is not None and question:  # (B, N + 1, d): the relation token after them
             image_tokens = torch.cat([image_tokens, self.relation(image_tokens, text, obs.text_valid)], 1)
         if referents is not None:  # (B, N [+ 1] + 3, d)
             image_tokens = torch.cat([image_tokens, referents], 1)

@@ -84,8 +84,9 @@ class DiffusionVLAConfig:
     # The scene map also regresses each of those objects' image column, row and depth (squared
     # error in cells, same weight), so the tokens carry positions finer than their cell.
     scene_map_positions: bool = False
-    # Condition the image tokens on the instruction or question (FiLM: a channel-wise scale and
-    # shift from the text embeddings, `dvla.vision.film`), starting as the identity.
+    # Condition the image tokens on the question (FiLM: a channel-wise scale and shift from the
+    # text embeddings, `dvla.vision.film`), starting as the identity. This and the two question
+    # modules below act on VQA questions only: robot observations in a co-trained model skip them.
     text_film: bool = False
     # How FiLM pools the text: 0 = the mean of its embeddings (blind to word order); N = N learned
     # attention queries over the embeddings plus learned positions, so "is the red cube left of the

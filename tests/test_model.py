@@ -605,6 +605,30 @@ def test_referent_pointers_learn_to_point_at_and_place_the_named_objects():
         tiny_vla(cameras=("scene",), referent_pointers=True, vision=VisionConfig(tokens_per_camera=3))
 
 
+def test_robot_observations_skip_the_question_modules():
+    """A co-trained model's question modules (FiLM, relation token, referent pointers) act on
+    questions only: a robot observation's prefix is that of the same model without them, and the
+    action loss leaves them untouched, while a question still gets all three."""
+    torch.manual_seed(0)
+    modules = dict(text_film=True, relation_token=True, referent_pointers=True)
+    both = tiny_vla(cameras=("scene",), **modules)
+    for layer in (both.text_film.to_scale_shift[-1], both.relation.out[-1]):
+        torch.nn.init.normal_(layer.weight, std=0.5)  # FiLM off the identity, so it would show
+    plain = tiny_vla(cameras=("scene",))
+    plain.load_state_dict(both.state_dict(), strict=False)  # all but the question modules
+    data = batch(cameras=("scene",))
+    robot = data.observation
+    torch.testing.assert_close(both.prefix_embeds(robot)[0], plain.prefix_embeds(robot)[0])
+    loss, _ = both.compute_loss(data)
+    loss.backward()
+    for module in (both.text_film, both.relation, both.referents):
+        assert all(p.grad is None for p in module.parameters())
+    assert both.vision.projector[0].weight.grad is not None
+    question = fake_observation(2, ["scene"], 32, 6, 50, None)
+    n = both.vision.tokens_per_camera
+    assert both.prefix_embeds(question)[0].shape[1] == n + 1 + 3 + question.text_ids.shape[1]
+
+
 def test_bad_model_configs():
     with pytest.raises(ValueError, match="unknown action_head"):
         DiffusionVLAConfig(action_head="diffusion")
