@@ -2,9 +2,10 @@
 
 Kept: the checkpoint's architecture (backbone size, vision model, action bins, answer length), its
 tokenizer, and every weight whose name and shape fit the new model. Set by the new run: chunk size,
-action and state dimensions, cameras and image size. Re-initialised: weights whose shape changed
-(e.g. the state projection for another state dimension, the action-dimension embedding, flow-head
-layers); camera embeddings are matched by camera name, so a new camera starts fresh.
+action and state dimensions, cameras, image size, and whether question images keep their own
+batch-norm statistics. Re-initialised: weights whose shape changed (e.g. the state projection for
+another state dimension, the action-dimension embedding, flow-head layers) and question statistics
+the checkpoint lacks; camera embeddings are matched by camera name, so a new camera starts fresh.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         cameras=list(new.vision.cameras),
         image_size=new.vision.image_size,
         shift_fraction=new.vision.shift_fraction,
+        question_norm_stats=new.vision.question_norm_stats,
     )
     return replace(
         old,

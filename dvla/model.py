@@ -188,7 +188,7 @@ class DiffusionVLA(nn.Module):
         `hide_state` (B,) bool replaces those samples' state token by the learned "no state" one.
         `extras`, when given, receives the referent pointers' output as "referents"."""
         if image_tokens is None:
-            image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
+            image_tokens = self.vision(obs.images, train=train, question=obs.state is None)  # (I, N, d)
         encoded = image_tokens
         if obs.image_index is not None:
             image_tokens = image_tokens[obs.image_index]  # (B, N, d): several samples share an image
@@ -285,7 +285,7 @@ class DiffusionVLA(nn.Module):
         """Hidden states of [prefix | target] in one pass (B, P + T, d), and the encoder's tokens
         of the images (I, N, d; I = B unless samples share images through obs.image_index).
         `extras` as in `prefix_embeds`."""
-        image_tokens = self.vision(obs.images, train=train)  # (I, N, d)
+        image_tokens = self.vision(obs.images, train=train, question=obs.state is None)  # (I, N, d)
         prefix, valid = self.prefix_embeds(
             obs, image_tokens=image_tokens, hide_state=hide_state, extras=extras
         )

@@ -107,6 +107,7 @@ def train(config: TrainConfig) -> TrainResult:
         model, tokenizer = _new_model(config, robot, vqa, accelerator)
         stats = robot.stats if robot else {}
     model.train()
+    _note_shared_norm_stats(model, ratio, accelerator)
     _check_fits(config, robot, vqa, model)
     _check_perception_fits(config, robot, perception, model)
     if vqa is not None:
@@ -324,6 +325,19 @@ def _check_ranks_agree(accelerator, model) -> None:
     if not torch.all(sums == sums[0]):
         raise RuntimeError(f"parameters differ across processes: checksums {sums.tolist()}")
     accelerator.print(f"parameters identical across {accelerator.num_processes} processes")
+
+
+def _note_shared_norm_stats(model, ratio: float, accelerator) -> None:
+    """Co-training a batch-norm encoder without separate question statistics works but blends robot
+    and VQA images' statistics at inference (README, Co-training); say so once."""
+    from dvla.vision.norm_stats import batch_norms
+
+    vision = model.vision
+    if 0 < ratio < 1 and vision.question_norm_stats is None and batch_norms(vision.backbone):
+        accelerator.print(
+            "note: robot and VQA images share batch-norm statistics; set "
+            "--model.vision.question_norm_stats true to keep them apart (better robot success)"
+        )
 
 
 def _check_fits(config: TrainConfig, robot, vqa, model) -> None:

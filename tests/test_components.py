@@ -1,5 +1,7 @@
 """Vision adapter, action tokenizer, flow-matching head and text tokenizer."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from dvla.action_head import ActionTokenizer, FlowHeadConfig, FlowMatchingHead
 from dvla.backbone.tokenizer import train_text_tokenizer
 from dvla.vision import VisionConfig, VisionEncoder, random_shift
 from dvla.vision.encoder import SpatialSoftmaxKeypoints
+from dvla.vision.norm_stats import batch_norms
 
 
 @pytest.mark.parametrize(
@@ -181,3 +184,39 @@ def test_text_tokenizer_trained_on_the_data(tmp_path):
     assert tok.decode(tok("purple")["input_ids"]) == "purple"  # an unseen word, spelled by its characters
     again = train_text_tokenizer(list(reversed(texts)), vocab_size=300)
     assert again.get_vocab() == tok.get_vocab()  # deterministic: ids never change between runs
+
+
+def test_question_images_keep_their_own_batch_norm_statistics():
+    """Training on question images moves only the question statistics and on robot images only the
+    shared ones; at inference each kind is normalised by its own."""
+    torch.manual_seed(0)
+    config = VisionConfig(image_size=32, tokens_per_camera=4, cameras=["a", "scene"], shift_fraction=0.0)
+    plain = VisionEncoder(config, out_dim=16)
+    split = VisionEncoder(replace(config, question_norm_stats=True), out_dim=16)
+    split.load_state_dict(plain.state_dict(), strict=False)  # same weights; question stats start equal
+    first_norm = batch_norms(split.backbone)[0]
+    robot, scene = {"a": torch.rand(4, 3, 32, 32)}, {"scene": torch.rand(4, 3, 32, 32) * 0.2 + 0.8}
+    split.train()
+    before_robot = first_norm.running_mean.clone()
+    split(scene, train=True, question=True)
+    torch.testing.assert_close(first_norm.running_mean, before_robot)  # robot statistics untouched
+    question_mean = split.question_norm_stats.running_mean_0.clone()
+    assert not torch.equal(question_mean, before_robot)
+    split(robot, train=True)
+    torch.testing.assert_close(split.question_norm_stats.running_mean_0, question_mean)
+    assert not torch.equal(first_norm.running_mean, before_robot)
+    split.eval()
+    # at inference a question image is normalised as a plain encoder with the question statistics
+    reference = VisionEncoder(config, out_dim=16).eval()
+    reference.load_state_dict(split.state_dict(), strict=False)
+    for i, norm in enumerate(batch_norms(reference.backbone)):
+        norm.running_mean.copy_(getattr(split.question_norm_stats, f"running_mean_{i}"))
+        norm.running_var.copy_(getattr(split.question_norm_stats, f"running_var_{i}"))
+    torch.testing.assert_close(split(scene, question=True), reference(scene))
+    assert not torch.allclose(split(robot), reference(robot))  # robot images keep their own
+    with pytest.raises(ValueError, match="no batch norms"):
+        VisionEncoder(
+            VisionConfig(model_name="vit_tiny_patch16_224", image_size=32, timm_kwargs={"img_size": 32},
+                         question_norm_stats=True),
+            out_dim=16,
+        )  # fmt: skip

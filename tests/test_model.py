@@ -680,3 +680,38 @@ def test_first_step_nll_is_the_fully_hidden_loss_per_sample():
     assert swapped[0] != pytest.approx(float(per_sample[0]), abs=1e-6)
     with pytest.raises(ValueError, match="discrete"):
         tiny_vla("flow").first_step_nll(data)
+
+
+def test_co_trained_model_normalises_questions_with_their_own_statistics(tmp_path):
+    """A VQA batch (no state) trains the question batch-norm statistics, a robot batch the shared
+    ones; both survive a checkpoint and an EMA copy."""
+    from torch.optim.swa_utils import AveragedModel
+
+    from dvla.vision.norm_stats import batch_norms
+
+    torch.manual_seed(0)
+    vision = VisionConfig(image_size=32, tokens_per_camera=4, cameras=["a", "scene"], shift_fraction=0.0,
+                          question_norm_stats=True)  # fmt: skip
+    model = tiny_vla(cameras=("a", "scene"), vision=vision).train()
+    first_norm, question = batch_norms(model.vision.backbone)[0], model.vision.question_norm_stats
+    shared = first_norm.running_mean
+    obs = fake_observation(3, ["scene"], 32, 6, 50, None)
+    before = shared.clone()
+    model(VQABatch(obs, torch.tensor([[10, 2, 2], [11, 12, 2], [13, 2, 2]])))
+    torch.testing.assert_close(first_norm.running_mean, before)
+    after_question = question.running_mean_0.clone()
+    assert not torch.equal(after_question, before)
+    model(batch(cameras=("a",)))
+    assert not torch.equal(first_norm.running_mean, before)
+    torch.testing.assert_close(question.running_mean_0, after_question)
+    tokenizer = train_text_tokenizer(["open the door"], vocab_size=60)
+    save_checkpoint(tmp_path / "ckpt", model.eval(), tokenizer, {})
+    loaded, _, _ = load_checkpoint(tmp_path / "ckpt")
+    torch.testing.assert_close(loaded.vision.question_norm_stats.running_mean_0, after_question)
+    torch.testing.assert_close(
+        loaded.vision(obs.images, question=True), model.vision(obs.images, question=True)
+    )
+    copy = AveragedModel(model, use_buffers=True).module
+    with copy.vision.question_norm_stats.active():  # the copy swaps its own batch norms' buffers
+        torch.testing.assert_close(batch_norms(copy.vision.backbone)[0].running_mean, after_question)
+    torch.testing.assert_close(first_norm.running_mean, shared)

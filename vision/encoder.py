@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dvla.vision.norm_stats import QuestionNormStats
 
 # timm keyword arguments dvla passes on; anything else is rejected rather than silently forwarded.
 ALLOWED_TIMM_KWARGS = frozenset({"img_size", "drop_path_rate", "drop_rate", "global_pool", "output_stride"})
@@ -38,6 +41,10 @@ class VisionConfig:
     # {output_stride: 16} for a CNN's 2x finer feature grid (8 x 8 at 128 px; set tokens_per_camera
     # to 64 or null to keep the cells apart).
     timm_kwargs: dict = field(default_factory=dict)
+    # Co-training: question (VQA) images keep their own batch-norm running statistics, so a robot
+    # image at inference is normalised as robot images were in training (vision/norm_stats.py).
+    # Only for encoders with batch norms (the default CNN); ViTs have none to separate.
+    question_norm_stats: bool = False
 
     def __post_init__(self):
         bad = set(self.timm_kwargs) - ALLOWED_TIMM_KWARGS
@@ -85,6 +92,12 @@ class VisionEncoder(nn.Module):
         self.keypoints = (
             SpatialSoftmaxKeypoints(width, config.keypoints, out_dim) if config.keypoints else None
         )
+        self.question_norm_stats = QuestionNormStats(self.backbone) if config.question_norm_stats else None
+        if self.question_norm_stats is not None and not len(self.question_norm_stats):
+            raise ValueError(
+                f"vision.question_norm_stats: {config.model_name!r} has no batch norms to keep apart; "
+                "set it to false"
+            )
 
     def _count_tokens(self) -> int:
         with torch.no_grad():
@@ -122,10 +135,13 @@ class VisionEncoder(nn.Module):
             return F.adaptive_avg_pool2d(grid, k_side).flatten(2).transpose(1, 2)  # (B, K, C)
         return F.adaptive_avg_pool1d(x.transpose(1, 2), k).transpose(1, 2)  # (B, K, C)
 
-    def forward(self, images: dict[str, torch.Tensor], train: bool = False) -> torch.Tensor:
+    def forward(
+        self, images: dict[str, torch.Tensor], train: bool = False, question: bool = False
+    ) -> torch.Tensor:
         """Tokens of the configured cameras present in `images`, in configured order. A batch may
         carry a subset (co-training: robot batches have the robot cameras, VQA batches the scene one);
-        the policy checks that a robot observation has every robot camera.
+        the policy checks that a robot observation has every robot camera. `question` marks images
+        of a VQA question: with `question_norm_stats` they use the question batch-norm statistics.
 
         The cameras go through the timm model as one batch (one call per layer instead of one per
         camera), so in training its batch norms see the statistics of all cameras together."""
@@ -137,7 +153,9 @@ class VisionEncoder(nn.Module):
         if len(set(sizes.values())) > 1:
             raise ValueError(f"every camera needs the same batch size, got {sizes}")
         pixels = torch.cat([self.preprocess(images[c], train) for _, c in present])  # (n*B, 3, S, S)
-        cells = self._features(pixels.contiguous(memory_format=torch.channels_last))  # (n*B, N, C)
+        stats = self.question_norm_stats
+        with stats.active() if question and stats is not None else nullcontext():
+            cells = self._features(pixels.contiguous(memory_format=torch.channels_last))  # (n*B, N, C)
         projected = self.projector(self._pooled(cells))  # (n*B, K, d)
         if self.keypoints is not None:
             projected = torch.cat([projected, self.keypoints(cells)], dim=1)  # (n*B, K + P, d)
