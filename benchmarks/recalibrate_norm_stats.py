@@ -43,6 +43,7 @@ def recalibrate(run: Path, out: Path, batches: int, seed: int = 7) -> Path:
     if not norms:
         raise SystemExit(f"{checkpoint}: the vision encoder has no batch norms")
     policy = DiffusionVLAPolicy(model, tokenizer, stats)
+    momenta = [norm.momentum for norm in norms]
     for norm in norms:  # a plain average over the batches below (momentum None)
         norm.reset_running_stats()
         norm.momentum = None
@@ -52,8 +53,8 @@ def recalibrate(run: Path, out: Path, batches: int, seed: int = 7) -> Path:
         if i == batches:
             break
         model.vision(policy.action_batch(sample).observation.images)  # updates the running statistics
-    for norm in norms:
-        norm.momentum = 0.1
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
     model.eval()
     return save_checkpoint(out, model, tokenizer, stats, checkpoint_info(checkpoint))
 
