@@ -1,0 +1,113 @@
+"""Where does the hand end up: at the goal, or at where the policy reads the goal? Closed loop.
+
+    python benchmarks/closed_loop_reading.py --checkpoint RUN [--task reach-v3] [--seeds 1000-1019] \
+        [--max-steps 300] [--out outputs/bench/closed_loop_<run>_<task>.json]
+
+For a checkpoint trained with a simulator-state target: runs one episode per seed with the policy
+(the checkpoint's default decoding and chunk execution), and at every re-plan also takes the
+head's reading of the goal. At the end of each episode it reports how far the hand is from the
+true goal and from the goal as read at the last re-plan, and how far off the reading was over the
+episode. A hand that ends at the read goal but away from the true one fails for want of a sharper
+reading; a hand far from both fails for another reason (how it acts on what it reads). Meaningful
+for reach, where the hand itself must reach the goal. Prints a table per seed, saves JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from probe_sim_state import checkpoint_task_seeds_parser, default_out, parse_seeds
+
+from dvla.policy import DiffusionVLAPolicy
+from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
+from dvla.sim.tasks import check_tasks
+
+HAND, GOAL = slice(0, 3), slice(36, 39)  # in MetaWorld's 39-D observation
+
+
+def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps: int) -> dict:
+    """One closed-loop episode: success, and the hand, true goal and read goal at each re-plan."""
+    obs, _ = env.reset(seed=seed)
+    policy.reset()
+    readings, success, steps = [], False, 0
+    for steps in range(1, max_steps + 1):
+        images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
+        state = torch.from_numpy(obs["state"])[None]  # (1, S)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if (steps - 1) % policy.config.n_action_steps == 0:  # a re-plan: read the goal too
+                read = policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy()
+                readings.append((env.raw_obs[HAND].copy(), read))
+            action = policy.select_action(images, [obs["task"]], state)[0].float().numpy()
+        obs, _, terminated, truncated, info = env.step(action)
+        if info.get("success"):
+            success = True
+            break
+        if terminated or truncated:
+            break
+    goal, hand = env.raw_obs[GOAL].copy(), env.raw_obs[HAND].copy()
+    read_errors = [np.linalg.norm(read - goal) * 100 for _, read in readings]
+    return {
+        "seed": seed,
+        "success": success,
+        "steps": steps,
+        "hand_to_goal_cm": float(np.linalg.norm(hand - goal) * 100),
+        "hand_to_last_read_cm": float(np.linalg.norm(hand - readings[-1][1]) * 100),
+        "read_error_first_cm": float(read_errors[0]),
+        "read_error_last_cm": float(read_errors[-1]),
+        "read_error_mean_cm": float(np.mean(read_errors)),
+        "hand_end": hand.round(3).tolist(),
+        "goal": goal.round(3).tolist(),
+    }
+
+
+def summarise(label: str, rows: list[dict]) -> None:
+    """One line of means over a group of episodes."""
+    if not rows:
+        return
+    mean = {
+        k: np.mean([r[k] for r in rows])
+        for k in ("hand_to_goal_cm", "hand_to_last_read_cm", "read_error_last_cm")
+    }
+    print(
+        f"{label} ({len(rows)}): hand to goal {mean['hand_to_goal_cm']:.1f} cm, to its last reading "
+        f"{mean['hand_to_last_read_cm']:.1f} cm; last reading off by {mean['read_error_last_cm']:.1f} cm"
+    )
+
+
+def main() -> None:
+    parser = checkpoint_task_seeds_parser(__doc__)
+    parser.add_argument("--max-steps", type=int, default=300, help="steps per episode (MetaWorld: 500)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    check_tasks([args.task])
+    policy = DiffusionVLAPolicy.from_pretrained(args.checkpoint)
+    if policy.sim_state_norm is None:
+        raise SystemExit(f"{args.checkpoint} was trained without --dataset.sim_state_key: no reading")
+    size = policy.model.config.vision.image_size
+    env = MetaWorldEnv(MetaWorldEnvConfig(task=args.task, cameras=policy.action_cameras, image_size=size))
+    try:
+        rows = [episode(policy, env, seed, args.max_steps) for seed in parse_seeds(args.seeds)]
+    finally:
+        env.close()
+    print(f"{args.task}, {args.checkpoint}, at most {args.max_steps} steps\n")
+    print("| seed | success | hand to goal | hand to last reading | reading error: first / last / mean |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r['seed']} | {'yes' if r['success'] else 'no'} | {r['hand_to_goal_cm']:.1f} cm "
+            f"| {r['hand_to_last_read_cm']:.1f} cm | {r['read_error_first_cm']:.1f} / "
+            f"{r['read_error_last_cm']:.1f} / {r['read_error_mean_cm']:.1f} cm |"
+        )
+    for label, solved in (("solved", True), ("failed", False)):
+        summarise(label, [r for r in rows if r["success"] == solved])
+    out = Path(args.out) if args.out else default_out("closed_loop", args.checkpoint, args.task)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"checkpoint": args.checkpoint, "task": args.task, "episodes": rows}, indent=2))
+    print(f"\nsaved {out}")
+
+
+if __name__ == "__main__":
+    main()
