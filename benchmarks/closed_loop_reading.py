@@ -29,17 +29,16 @@ HAND, GOAL = slice(0, 3), slice(36, 39)  # in MetaWorld's 39-D observation
 
 
 def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps: int) -> dict:
-    """One closed-loop episode: success, and the hand, true goal and read goal at each re-plan."""
+    """One closed-loop episode: success, where the hand ends, and the goal as read at each re-plan."""
     obs, _ = env.reset(seed=seed)
     policy.reset()
-    readings, success, steps = [], False, 0
+    reads, success, steps = [], False, 0
     for steps in range(1, max_steps + 1):
         images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
         state = torch.from_numpy(obs["state"])[None]  # (1, S)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if (steps - 1) % policy.config.n_action_steps == 0:  # a re-plan: read the goal too
-                read = policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy()
-                readings.append((env.raw_obs[HAND].copy(), read))
+                reads.append(policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy())
             action = policy.select_action(images, [obs["task"]], state)[0].float().numpy()
         obs, _, terminated, truncated, info = env.step(action)
         if info.get("success"):
@@ -48,13 +47,13 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
         if terminated or truncated:
             break
     goal, hand = env.raw_obs[GOAL].copy(), env.raw_obs[HAND].copy()
-    read_errors = [np.linalg.norm(read - goal) * 100 for _, read in readings]
+    read_errors = [np.linalg.norm(read - goal) * 100 for read in reads]
     return {
         "seed": seed,
         "success": success,
         "steps": steps,
         "hand_to_goal_cm": float(np.linalg.norm(hand - goal) * 100),
-        "hand_to_last_read_cm": float(np.linalg.norm(hand - readings[-1][1]) * 100),
+        "hand_to_last_read_cm": float(np.linalg.norm(hand - reads[-1]) * 100),
         "read_error_first_cm": float(read_errors[0]),
         "read_error_last_cm": float(read_errors[-1]),
         "read_error_mean_cm": float(np.mean(read_errors)),
