@@ -5,11 +5,13 @@
 
 For a checkpoint trained with a simulator-state target: runs one episode per seed with the policy
 (the checkpoint's default decoding and chunk execution), and at every re-plan also takes the
-head's reading of the goal. At the end of each episode it reports how far the hand is from the
-true goal and from the goal as read at the last re-plan, and how far off the reading was over the
-episode. A hand that ends at the read goal but away from the true one fails for want of a sharper
-reading; a hand far from both fails for another reason (how it acts on what it reads). Meaningful
-for reach, where the hand itself must reach the goal. Prints a table per seed, saves JSON.
+head's reading of the goal; it counts the steps whose robot state lies outside the training data's
+range (where the state is clipped at model.state_clip). At the end of each episode it reports how
+far the hand is from the true goal and from the goal as read at the last re-plan, and how far off
+the reading was over the episode. A hand that ends at the read goal but away from the true one
+fails for want of a sharper reading; a hand far from both fails for another reason (how it acts on
+what it reads). Meaningful for reach, where the hand itself must reach the goal. Prints a table per
+seed, saves JSON.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from probe_sim_state import checkpoint_task_seeds_parser, default_out, parse_seeds
 
-from dvla.policy import DiffusionVLAPolicy
+from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from dvla.sim.tasks import check_tasks
 
@@ -32,10 +34,11 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
     """One closed-loop episode: success, where the hand ends, and the goal as read at each re-plan."""
     obs, _ = env.reset(seed=seed)
     policy.reset()
-    reads, success, steps = [], False, 0
+    reads, success, steps, outside = [], False, 0, []
     for steps in range(1, max_steps + 1):
         images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
         state = torch.from_numpy(obs["state"])[None]  # (1, S)
+        outside.append((state_range_position(policy, state)[0].abs() > 1).numpy())  # (S,)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if (steps - 1) % policy.config.n_action_steps == 0:  # a re-plan: read the goal too
                 reads.append(policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy())
@@ -48,6 +51,8 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
             break
     goal, hand = env.raw_obs[GOAL].copy(), env.raw_obs[HAND].copy()
     read_errors = [np.linalg.norm(read - goal) * 100 for read in reads]
+    outside = np.stack(outside)  # (steps, S) bool
+    first = outside.any(1).nonzero()[0]
     return {
         "seed": seed,
         "success": success,
@@ -57,9 +62,21 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
         "read_error_first_cm": float(read_errors[0]),
         "read_error_last_cm": float(read_errors[-1]),
         "read_error_mean_cm": float(np.mean(read_errors)),
+        # steps whose robot state lies outside the training data's q01..q99 (where it is clipped
+        # at model.state_clip): in any dimension, and per dimension; the first such step (None: never)
+        "steps_outside_state_range": int(outside.any(1).sum()),
+        "steps_outside_per_dim": outside.sum(0).tolist(),
+        "first_step_outside": int(first[0]) + 1 if len(first) else None,
         "hand_end": hand.round(3).tolist(),
+        "state_end": np.round(obs["state"], 3).tolist(),  # the robot state the policy saw last
         "goal": goal.round(3).tolist(),
     }
+
+
+def state_range_position(policy: DiffusionVLAPolicy, state: torch.Tensor) -> torch.Tensor:
+    """The state (B, S) on the scale where the training data's q01..q99 is [-1, 1], unclipped."""
+    norm = policy.state_norm
+    return (state.float() - norm.low) / norm.span * 2 - 1
 
 
 def summarise(label: str, rows: list[dict]) -> None:
@@ -79,10 +96,13 @@ def summarise(label: str, rows: list[dict]) -> None:
 def main() -> None:
     parser = checkpoint_task_seeds_parser(__doc__)
     parser.add_argument("--max-steps", type=int, default=300, help="steps per episode (MetaWorld: 500)")
+    parser.add_argument("--hold-reading", default="", help='held reading slices, e.g. "36:39" (the goal)')
+    parser.add_argument("--hold-reading-plans", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     check_tasks([args.task])
-    policy = DiffusionVLAPolicy.from_pretrained(args.checkpoint)
+    config = PolicyConfig(hold_reading=args.hold_reading, hold_reading_plans=args.hold_reading_plans)
+    policy = DiffusionVLAPolicy.from_pretrained(args.checkpoint, config)
     if policy.sim_state_norm is None:
         raise SystemExit(f"{args.checkpoint} was trained without --dataset.sim_state_key: no reading")
     size = policy.model.config.vision.image_size
@@ -91,20 +111,42 @@ def main() -> None:
         rows = [episode(policy, env, seed, args.max_steps) for seed in parse_seeds(args.seeds)]
     finally:
         env.close()
-    print(f"{args.task}, {args.checkpoint}, at most {args.max_steps} steps\n")
-    print("| seed | success | hand to goal | hand to last reading | reading error: first / last / mean |")
-    print("| ---: | --- | ---: | ---: | ---: |")
+    held = (
+        f", reading of {args.hold_reading} held after {args.hold_reading_plans} plans"
+        if args.hold_reading
+        else ""
+    )
+    print(f"{args.task}, {args.checkpoint}, at most {args.max_steps} steps{held}\n")
+    print(
+        "| seed | success | hand to goal | hand to last reading | reading error: first / last / mean "
+        "| steps outside the state range (first) | per state dimension |"
+    )
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
             f"| {r['seed']} | {'yes' if r['success'] else 'no'} | {r['hand_to_goal_cm']:.1f} cm "
             f"| {r['hand_to_last_read_cm']:.1f} cm | {r['read_error_first_cm']:.1f} / "
-            f"{r['read_error_last_cm']:.1f} / {r['read_error_mean_cm']:.1f} cm |"
+            f"{r['read_error_last_cm']:.1f} / {r['read_error_mean_cm']:.1f} cm "
+            f"| {r['steps_outside_state_range']} ({r['first_step_outside'] or '-'}) "
+            f"| {' / '.join(map(str, r['steps_outside_per_dim']))} |"
         )
     for label, solved in (("solved", True), ("failed", False)):
         summarise(label, [r for r in rows if r["success"] == solved])
-    out = Path(args.out) if args.out else default_out("closed_loop", args.checkpoint, args.task)
+    name = "closed_loop_held" if args.hold_reading else "closed_loop"
+    out = Path(args.out) if args.out else default_out(name, args.checkpoint, args.task)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"checkpoint": args.checkpoint, "task": args.task, "episodes": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "checkpoint": args.checkpoint,
+                "task": args.task,
+                "hold_reading": args.hold_reading,
+                "hold_reading_plans": args.hold_reading_plans,
+                "episodes": rows,
+            },
+            indent=2,
+        )
+    )
     print(f"\nsaved {out}")
 
 

@@ -73,6 +73,7 @@ class DVLAActor:
     def start(self, slot: int) -> None:
         """A new episode begins in `slot`."""
         self._queues[slot] = deque()
+        self.policy.forget(slot)
 
     def act(self, slots: list[int], observations: dict[int, dict], texts: dict[int, str]) -> dict:
         planning = [slot for slot in slots if not self._queues[slot]]
@@ -84,7 +85,9 @@ class DVLAActor:
             state = torch.from_numpy(np.stack([observations[s]["state"] for s in planning]))
             tick = time.perf_counter()
             with self.autocast:
-                chunk = self.policy.predict_action_chunk(images, [texts[s] for s in planning], state)
+                chunk = self.policy.predict_action_chunk(
+                    images, [texts[s] for s in planning], state, planning
+                )
             self.stats.add((time.perf_counter() - tick) * 1000, len(planning), self.policy.last_forwards)
             for row, slot in enumerate(planning):
                 self._queues[slot].extend(chunk[row, : self.n_action_steps].float().cpu().numpy())

@@ -16,6 +16,9 @@ class Observation:
     # (B,) which image row each sample reads when several questions share one image (the images
     # are then (I, 3, H, W), read once); None = one image row per sample
     image_index: torch.Tensor | None = None
+    # (B, E) normalised simulator-state values that replace the head's live reading where not NaN
+    # (a reading held from earlier in the episode; see PolicyConfig.hold_reading); None = live
+    reading_override: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -25,7 +28,10 @@ class Observation:
         state = None if self.state is None else self.state.to(device)
         images = {c: img.to(device) for c, img in self.images.items()}
         index = None if self.image_index is None else self.image_index.to(device)
-        return Observation(images, self.text_ids.to(device), self.text_valid.to(device), state, index)
+        override = None if self.reading_override is None else self.reading_override.to(device)
+        return Observation(
+            images, self.text_ids.to(device), self.text_valid.to(device), state, index, override
+        )
 
 
 @dataclass

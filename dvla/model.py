@@ -27,7 +27,13 @@ from dvla.backbone.modeling import DiffusionLM, KVCache
 from dvla.backbone.schedule import mask_tokens, sample_times
 from dvla.batch import ActionBatch, Observation, VQABatch
 from dvla.model_config import DiffusionVLAConfig
-from dvla.sim_state_head import VisionStateHead, emphasis_weights, weighted_mse
+from dvla.sim_state_head import (
+    ReadingOffsets,
+    VisionStateHead,
+    emphasis_weights,
+    parse_offsets,
+    weighted_mse,
+)
 from dvla.vision.encoder import VisionEncoder
 from dvla.vision.film import TextFiLM
 from dvla.vision.referents import ReferentPointers
@@ -141,6 +147,20 @@ class DiffusionVLA(nn.Module):
             if config.sim_state_input
             else None
         )
+        # where the head reads objects, relative to the hand, as one more prefix token
+        self.reading_offsets, self.offset_proj = None, None
+        if parse_offsets(config.reading_offsets):
+            if self.sim_state_head is None:
+                raise ValueError(
+                    "model.reading_offsets needs a simulator-state target: "
+                    "set dataset.sim_state_key (e.g. sim.state)"
+                )
+            self.reading_offsets = ReadingOffsets(
+                parse_offsets(config.reading_offsets), config.state_dim, config.sim_state_dim
+            )
+            self.offset_proj = nn.Sequential(
+                nn.Linear(self.reading_offsets.out_dim, d), nn.GELU(), nn.Linear(d, d)
+            )
         if config.sim_state_dim:
             weights = emphasis_weights(config.sim_state_emphasis, config.sim_state_dim)  # (E,)
             self.register_buffer("sim_state_dim_weights", weights, persistent=False)
@@ -220,9 +240,18 @@ class DiffusionVLA(nn.Module):
                 state_token = torch.where(hide_state[:, None], hidden_token, state_token)
             parts.append(state_token[:, None])  # (B, 1, d)
             valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
-            if self.sim_state_proj is not None:
+            reading = None
+            if self.sim_state_proj is not None or self.offset_proj is not None:
                 reading = self._read_sim_state(encoded, obs).detach()  # (B, E), trained by its own loss
+                if obs.reading_override is not None:  # values held from earlier in the episode
+                    held = obs.reading_override.to(reading.dtype)
+                    reading = torch.where(torch.isnan(held), reading, held)
+            if self.sim_state_proj is not None:
                 parts.append(self.sim_state_proj(reading)[:, None])  # (B, 1, d)
+                valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
+            if self.offset_proj is not None:
+                offsets = self.reading_offsets(reading, obs.state)  # (B, 3n) decimetres
+                parts.append(self.offset_proj(offsets.to(state_token.dtype))[:, None])  # (B, 1, d)
                 valid.append(torch.ones(obs.batch_size, 1, dtype=torch.bool))
         valid = torch.cat([v.to(text.device) for v in valid], dim=1)
         return torch.cat(parts, dim=1), valid

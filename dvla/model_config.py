@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dvla.action_head.flow import FlowHeadConfig
-from dvla.sim_state_head import SIM_STATE_READS, parse_emphasis
+from dvla.sim_state_head import SIM_STATE_READS, parse_emphasis, parse_offsets
 from dvla.vision.encoder import VisionConfig
 
 ACTION_HEADS = ("discrete", "flow")
@@ -51,6 +51,11 @@ class DiffusionVLAConfig:
     # with the state always given the policy learns to keep going and never reads the goal off the
     # images (measured by benchmarks/input_use.py; see the README's MT10 results).
     state_dropout: float = 0.0
+    # The robot state is normalised so that the training data's q01..q99 spans [-1, 1]; values
+    # beyond are clipped to [-state_clip, state_clip]. At 1 a hand that leaves the demonstrated
+    # range reads as standing still at its edge, so the policy gets no feedback out there (reach's
+    # runaway, README); a larger clip lets the state token keep following the hand.
+    state_clip: float = 1.0
     # Instruction / question length in text tokens (longer text is cut, with a warning by the processor).
     max_text_tokens: int = 32
     # Fixed answer block length for VQA (answers padded with EOS).
@@ -76,6 +81,12 @@ class DiffusionVLAConfig:
     # of leaving the policy to find a goal in 32 image tokens. The reading is detached: only the
     # simulator-state loss trains the head. Needs sim_state_reads "vision" and a simulator state.
     sim_state_input: bool = False
+    # One more prefix token: where the head reads some objects, relative to the hand, in metres
+    # (x10). Slices of the simulator state that hold 3-D positions, joined by commas ("4:7,36:39":
+    # MetaWorld's first object and goal); the hand is the robot state's first three values. The
+    # scripted experts act on exactly these offsets (reach: the goal minus the hand, clipped), which
+    # the policy otherwise has to compute from two tokens in two different normalisations.
+    reading_offsets: str = ""
     # Auxiliary VQA target (0 = off): each image token of the scene camera predicts which colours,
     # shapes, sizes and colour-shape pairs have an object centred in its cell of the image
     # (`dvla.sim.vqa_scene_map`, from the scene's ground truth; training only, never an input).
@@ -136,8 +147,16 @@ class DiffusionVLAConfig:
             raise ValueError(
                 "sim_state_input feeds the image-token head's reading: set sim_state_reads vision"
             )
+        offsets = parse_offsets(self.reading_offsets)  # raises on a malformed spec
+        if offsets and (self.sim_state_reads != "vision" or self.state_dim < 3):
+            raise ValueError(
+                "reading_offsets needs the image-token head's reading (sim_state_reads vision) and a "
+                f"robot state that starts with the hand's x, y, z (state_dim >= 3, got {self.state_dim})"
+            )
         if not 0.0 <= self.full_mask_fraction <= 1.0:
             raise ValueError(f"full_mask_fraction must be in [0, 1], got {self.full_mask_fraction}")
+        if self.state_clip < 1.0:
+            raise ValueError(f"state_clip must be >= 1 (the data's own range), got {self.state_clip}")
         if not 0.0 <= self.state_dropout < 1.0:
             raise ValueError(f"state_dropout must be in [0, 1), got {self.state_dropout}")
         if self.action_bins < 2:

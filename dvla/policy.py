@@ -24,6 +24,7 @@ from dvla.processor import (
     encode_answers,
     encode_text,
 )
+from dvla.sim_state_head import parse_offsets
 
 VQA_CAMERA = "scene"  # the camera name of VQA scenes (dvla.data.VQAScenes.CAMERA)
 
@@ -39,6 +40,18 @@ class PolicyConfig:
     decode: DecodeConfig = field(default_factory=action_decode_config)
     # How answers to questions are decoded.
     answer_decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # Slices of the simulator state ("36:39": MetaWorld's goal) whose reading is averaged over the
+    # first `hold_reading_plans` re-plans of an episode and then held, for checkpoints that take the
+    # reading as an input (sim_state_input or reading_offsets). For targets that do not move during
+    # an episode: the live reading of a goal degrades once the arm hides it or leaves the
+    # demonstrated paths (README, "Where reach fails"). "" = always the live reading.
+    hold_reading: str = ""
+    hold_reading_plans: int = 3
+
+    def __post_init__(self):
+        parse_offsets(self.hold_reading)  # raises on a malformed spec
+        if self.hold_reading_plans < 1:
+            raise ValueError(f"hold_reading_plans must be >= 1, got {self.hold_reading_plans}")
 
 
 class DiffusionVLAPolicy:
@@ -52,10 +65,26 @@ class DiffusionVLAPolicy:
             raise ValueError(f"n_action_steps must be in [1, chunk_size={chunk}], got {steps}")
         # A VQA-only checkpoint has no robot stats and cannot act.
         self.acts = STATE_KEY in stats and ACTION_KEY in stats
-        self.state_norm = QuantileNormalizer(stats, STATE_KEY) if self.acts else None
+        self.state_norm = (
+            QuantileNormalizer(stats, STATE_KEY, clip=model.config.state_clip) if self.acts else None
+        )
         self.action_norm = QuantileNormalizer(stats, ACTION_KEY) if self.acts else None
         self.sim_state_norm = QuantileNormalizer(stats, SIM_STATE_KEY) if SIM_STATE_KEY in stats else None
+        if model.reading_offsets is not None:
+            if self.sim_state_norm is None or self.state_norm is None:
+                raise ValueError("reading_offsets needs the robot state's and the simulator state's stats")
+            model.reading_offsets.set_units(
+                self.state_norm.low, self.state_norm.span, self.sim_state_norm.low, self.sim_state_norm.span
+            )
         self.action_cameras = [c for c in model.config.vision.cameras if c != VQA_CAMERA]
+        self.held_reading = None
+        if self.config.hold_reading:
+            if model.sim_state_proj is None and model.offset_proj is None:
+                raise ValueError(
+                    "hold_reading needs a checkpoint that takes the head's reading as an input "
+                    "(model.sim_state_input or model.reading_offsets)"
+                )
+            self.held_reading = HeldReading(self.config.hold_reading, self.config.hold_reading_plans)
         self._queue: deque[torch.Tensor] = deque()
         self.last_forwards = 0  # backbone forwards of the last chunk (prefix pass included)
 
@@ -71,8 +100,10 @@ class DiffusionVLAPolicy:
         return next(self.model.parameters()).device
 
     def reset(self) -> None:
-        """Forget queued actions (call at every episode start)."""
+        """Forget queued actions and held readings (call at every episode start)."""
         self._queue.clear()
+        if self.held_reading is not None:
+            self.held_reading.clear()
 
     def observation(self, images: dict[str, torch.Tensor], texts: list[str], state: torch.Tensor | None):
         """images {camera: (B, 3, H, W) float in [0, 1] or (B, H, W, 3) uint8}, raw state (B, S)."""
@@ -132,18 +163,30 @@ class DiffusionVLAPolicy:
         return VQABatch(obs, answers.to(self.device), scene_map, referents)
 
     @torch.no_grad()
-    def predict_action_chunk(self, images, texts, state) -> torch.Tensor:
-        """A whole chunk (B, H, D) in robot units."""
+    def predict_action_chunk(self, images, texts, state, episodes: list | None = None) -> torch.Tensor:
+        """A whole chunk (B, H, D) in robot units. With hold_reading, `episodes` names the episode
+        of each row (any hashable; rows of a new episode after `forget(key)` or `reset()`)."""
         self.model.eval()
         obs = self.observation(images, texts, state)
+        if self.held_reading is not None:
+            if episodes is None or len(episodes) != obs.batch_size:
+                raise ValueError("hold_reading needs the episode of every row: pass episodes=[...]")
+            live = self.model.predict_sim_state(obs).float()  # (B, E) normalised
+            obs.reading_override = self.held_reading.update(episodes, live)
         actions, self.last_forwards = self.model.sample_actions(obs, self.config.decode)
         return self.action_norm.unnormalize(actions.float())
+
+    def forget(self, episode) -> None:
+        """A new episode starts under the key `episode` (batched actors, see dvla.actors)."""
+        if self.held_reading is not None:
+            self.held_reading.forget(episode)
 
     @torch.no_grad()
     def select_action(self, images, texts, state) -> torch.Tensor:
         """The next action (B, D): from the queue, re-planned every n_action_steps."""
         if not self._queue:
-            chunk = self.predict_action_chunk(images, texts, state)  # (B, H, D)
+            rows = list(range(torch.as_tensor(state).shape[0]))
+            chunk = self.predict_action_chunk(images, texts, state, rows)  # (B, H, D)
             self._queue.extend(chunk[:, : self.config.n_action_steps].unbind(1))
         return self._queue.popleft()
 
@@ -155,6 +198,33 @@ class DiffusionVLAPolicy:
             self.observation(images, questions, None), decode or self.config.answer_decode
         )
         return decode_answers(self.tokenizer, result.tokens)
+
+
+class HeldReading:
+    """Per episode, the mean of the head's first `plans` readings of some simulator-state slices;
+    after that it stops changing. Gives the override the model reads instead of the live reading."""
+
+    def __init__(self, spec: str, plans: int):
+        self.slices, self.plans = parse_offsets(spec), plans
+        self._reads: dict = {}  # episode -> [(E,) normalised readings]
+
+    def clear(self) -> None:
+        self._reads.clear()
+
+    def forget(self, episode) -> None:
+        self._reads.pop(episode, None)
+
+    def update(self, episodes: list, live: torch.Tensor) -> torch.Tensor:
+        """live (B, E) -> override (B, E): the held mean on the slices, NaN (live) elsewhere."""
+        override = torch.full_like(live, float("nan"))
+        for row, episode in enumerate(episodes):
+            reads = self._reads.setdefault(episode, [])
+            if len(reads) < self.plans:
+                reads.append(live[row])
+            held = torch.stack(reads).mean(0)  # (E,)
+            for a, b in self.slices:
+                override[row, a:b] = held[a:b]
+        return override
 
 
 def _to_float_chw(image: torch.Tensor) -> torch.Tensor:

@@ -51,15 +51,17 @@ def decode_answers(tokenizer, ids: torch.Tensor) -> list[str]:
 
 
 class QuantileNormalizer:
-    """Maps a feature to [-1, 1] with its q01/q99 (values beyond are clipped) and back."""
+    """Maps a feature's q01..q99 to [-1, 1] and back; values beyond are clipped to [-clip, clip]."""
 
-    def __init__(self, stats: dict[str, dict[str, np.ndarray]], key: str):
+    def __init__(self, stats: dict[str, dict[str, np.ndarray]], key: str, clip: float = 1.0):
         if key not in stats or not {"q01", "q99"} <= set(stats[key]):
             raise KeyError(
                 f"normalisation stats for {key!r} (q01 and q99) are missing; have {sorted(stats)}. "
                 "Stats come from the training dataset (dvla.data.low_dim_stats)."
             )
-        self.key = key
+        if clip < 1.0:
+            raise ValueError(f"the normalised range must include [-1, 1]: clip must be >= 1, got {clip}")
+        self.key, self.clip = key, clip
         self.low = torch.as_tensor(np.asarray(stats[key]["q01"]), dtype=torch.float32)
         self.span = (torch.as_tensor(np.asarray(stats[key]["q99"]), dtype=torch.float32) - self.low).clamp(
             min=1e-8
@@ -68,7 +70,7 @@ class QuantileNormalizer:
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.low.numel():
             raise ValueError(f"{self.key} has {x.shape[-1]} dimensions, its stats {self.low.numel()}")
-        return ((x - self.low.to(x.device)) / self.span.to(x.device) * 2 - 1).clamp(-1, 1)
+        return ((x - self.low.to(x.device)) / self.span.to(x.device) * 2 - 1).clamp(-self.clip, self.clip)
 
     def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x + 1) / 2 * self.span.to(x.device) + self.low.to(x.device)

@@ -77,7 +77,14 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
         return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_size
     checkpoint = resolve_checkpoint(config.checkpoint)
     policy = DiffusionVLAPolicy.from_pretrained(
-        checkpoint, PolicyConfig(config.n_action_steps, config.decode), device
+        checkpoint,
+        PolicyConfig(
+            config.n_action_steps,
+            config.decode,
+            hold_reading=config.hold_reading,
+            hold_reading_plans=config.hold_reading_plans,
+        ),
+        device,
     )
     model_config = policy.model.config
     if model_config.action_dim != 4 or model_config.state_dim != 4:

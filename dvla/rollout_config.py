@@ -34,6 +34,10 @@ class RolloutConfig:
     n_action_steps: int | None = None
     # How action chunks are decoded; by default in one step (ACTION_DECODE_STEPS in backbone/decoder.py).
     decode: DecodeConfig = field(default_factory=action_decode_config)
+    # Simulator-state slices whose reading is held after the first re-plans of each episode
+    # ("36:39": MetaWorld's goal; PolicyConfig.hold_reading), and over how many re-plans it is averaged.
+    hold_reading: str = ""
+    hold_reading_plans: int = 3
     # Environment worker processes; episodes run in parallel and the policy sees them as one batch.
     workers: int = 2
     # Render size; None = the checkpoint's vision.image_size.

@@ -24,6 +24,7 @@ def rollout_protocol(config, checkpoint, image_size: int, device_type: str, prec
         "max_steps": config.max_steps,
         "n_action_steps": config.n_action_steps,
         "decode": decode,
+        "hold_reading": [config.hold_reading, config.hold_reading_plans] if config.hold_reading else None,
         "image_size": image_size,
         "mixed_precision": precision,  # resolved: "bf16" or "no", never "auto"
         "device": device_type,

@@ -54,6 +54,69 @@ def parse_emphasis(spec: str) -> list[tuple[int, int, float]]:
     return slices
 
 
+def parse_offsets(spec: str) -> list[tuple[int, int]]:
+    """Parse "4:7,36:39" (slices of 3-D positions in the simulator state) into [(4, 7), (36, 39)]."""
+    slices = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        try:
+            start, stop = (int(x) for x in part.split(":"))
+        except ValueError:
+            hint = (
+                " (YAML reads a lone 36:39 as the base-60 number 2199: on the command line write "
+                "'36:39,' with a trailing comma)"
+                if part.isdigit()
+                else ""
+            )
+            raise ValueError(f"slice {part!r} is not start:stop (e.g. '36:39'){hint}") from None
+        if start < 0 or stop - start != 3:
+            raise ValueError(
+                f"reading_offsets part {part!r} must be a 3-D position: start >= 0, stop = start + 3"
+            )
+        slices.append((start, stop))
+    return slices
+
+
+class ReadingOffsets(nn.Module):
+    """The head's reading (normalised, (B, E)) and the robot state (normalised, (B, S)) -> the read
+    positions minus the hand's, in decimetres (B, 3 * len(slices)). The normalisations' q01 and
+    span come from the run's statistics (`set_units`); they are buffers, saved with the model."""
+
+    def __init__(self, slices: list[tuple[int, int]], state_dim: int, sim_state_dim: int):
+        super().__init__()
+        if any(stop > sim_state_dim for _, stop in slices):
+            raise ValueError(
+                f"reading_offsets {slices} reach past the simulator state's {sim_state_dim} dims"
+            )
+        self.slices = slices
+        for name, dim in (("state", state_dim), ("sim", sim_state_dim)):
+            self.register_buffer(f"{name}_low", torch.full((dim,), float("nan")))
+            self.register_buffer(f"{name}_span", torch.full((dim,), float("nan")))
+
+    @property
+    def out_dim(self) -> int:
+        return 3 * len(self.slices)
+
+    @torch.no_grad()
+    def set_units(self, state_low, state_span, sim_low, sim_span) -> None:
+        """The q01 and q99 - q01 of the robot state and of the simulator state (1-D tensors)."""
+        for name, value in zip(
+            ("state_low", "state_span", "sim_low", "sim_span"),
+            (state_low, state_span, sim_low, sim_span),
+            strict=True,
+        ):
+            getattr(self, name).copy_(torch.as_tensor(value, dtype=torch.float32))
+
+    def forward(self, reading: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        if torch.isnan(self.sim_low).any():
+            raise RuntimeError(
+                "reading_offsets has no units yet: build the model through DiffusionVLAPolicy (or call "
+                "model.reading_offsets.set_units with the run's statistics)"
+            )
+        world = (reading.float() + 1) / 2 * self.sim_span + self.sim_low  # (B, E) metres
+        hand = ((state.float() + 1) / 2 * self.state_span + self.state_low)[:, :3]  # (B, 3)
+        return torch.cat([world[:, a:b] - hand for a, b in self.slices], dim=1) * 10  # (B, 3n)
+
+
 def emphasis_weights(spec: str, dim: int) -> torch.Tensor:
     """(dim,) per-dimension weights of the simulator-state error: 1, or the weight of a listed slice."""
     weights = torch.ones(dim)

@@ -242,6 +242,39 @@ def test_sim_state_reading_is_a_prefix_token_the_action_loss_cannot_train():
         tiny_vla(sim_state_dim=6, sim_state_input=True, sim_state_reads="state_token")
 
 
+def test_reading_offsets_token_is_the_read_positions_minus_the_hand_in_decimetres():
+    """reading_offsets "3:6" turns the head's reading of simulator-state dims 3..5 and the robot
+    state's first three values back into metres (with the run's q01 and span) and gives their
+    difference x10 as one more prefix token; without units it refuses to guess."""
+    torch.manual_seed(0)
+    model = tiny_vla(sim_state_dim=6, reading_offsets="3:6")
+    data = batch()
+    with pytest.raises(RuntimeError, match="no units yet"):
+        model.prefix_embeds(data.observation)
+    state_low, state_span = torch.tensor([0.0, 0.5, 0.1, 0, 0]), torch.tensor([0.2, 0.4, 0.3, 1, 1])
+    sim_low, sim_span = torch.zeros(6), torch.tensor([1, 1, 1, 0.2, 0.4, 0.6])
+    model.reading_offsets.set_units(state_low, state_span, sim_low, sim_span)
+    reading = torch.tensor([[0.0, 0, 0, 1.0, -1.0, 0.0]])  # goal read at (0.2, 0, 0.3) m
+    state = torch.tensor([[-1.0, 1.0, 0.0, 0, 0]])  # hand at (0, 0.9, 0.25) m
+    offsets = model.reading_offsets(reading, state)
+    torch.testing.assert_close(offsets, torch.tensor([[2.0, -9.0, 0.5]]))
+    embeds, valid = model.prefix_embeds(data.observation)  # 8 image + 6 text + state + offsets
+    assert embeds.shape[1] == valid.shape[1] == 8 + 6 + 2
+    read = model.predict_sim_state(data.observation)
+    expected = model.offset_proj(model.reading_offsets(read, data.observation.state))
+    torch.testing.assert_close(embeds[:, -1], expected)
+    loss, _ = model.compute_loss(data, generator=torch.Generator().manual_seed(1))
+    loss.backward()
+    assert model.offset_proj[0].weight.grad.abs().sum() > 0  # the action loss trains the projection
+    assert model.sim_state_head.readout.weight.grad is None  # but never the head
+    with pytest.raises(ValueError, match="3-D position"):
+        tiny_vla(sim_state_dim=6, reading_offsets="3:5")
+    with pytest.raises(ValueError, match="past the simulator state"):
+        tiny_vla(sim_state_dim=6, reading_offsets="4:7")
+    with pytest.raises(ValueError, match="dataset.sim_state_key"):
+        tiny_vla(reading_offsets="3:6")
+
+
 def test_perception_frames_join_the_simulator_state_mean():
     """Scene frames (no actions) are read by the same head; one weighted mean covers both."""
     from dvla.batch import PerceptionFrames

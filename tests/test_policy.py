@@ -9,7 +9,7 @@ from dvla.backbone.decoder import DecodeConfig
 from dvla.backbone.tokenizer import train_text_tokenizer
 from dvla.data import LeRobotChunks, LeRobotDataConfig, VQAScenes, collate
 from dvla.model import TextSpecials
-from dvla.policy import DiffusionVLAPolicy, PolicyConfig
+from dvla.policy import DiffusionVLAPolicy, HeldReading, PolicyConfig
 from dvla.processor import QuantileNormalizer, decode_answers, encode_answers, encode_text
 
 STATS = {
@@ -52,6 +52,78 @@ def test_normalizer_round_trip_and_missing_stats():
         QuantileNormalizer(STATS, "observation.qpos")
     with pytest.raises(ValueError, match="dimensions"):
         norm.normalize(torch.zeros(1, 4))
+
+
+def test_state_beyond_the_data_range_is_clipped_at_state_clip(tokenizer):
+    far = torch.tensor([[-1.0, 0.5, 2.0]])  # q01..q99 is -2..2: in range, then three half-spans out
+    torch.testing.assert_close(QuantileNormalizer(STATS, "action").normalize(far)[0, 2], torch.tensor(1.0))
+    torch.testing.assert_close(
+        QuantileNormalizer(STATS, "action", clip=3.0).normalize(far * 4)[0], torch.tensor([-2.0, 1.0, 3.0])
+    )
+    with pytest.raises(ValueError, match="clip must be >= 1"):
+        QuantileNormalizer(STATS, "action", clip=0.5)
+    model = tiny_vla(cameras=("a",), text=TextSpecials.from_tokenizer(tokenizer), state_clip=4.0)
+    policy = DiffusionVLAPolicy(model, tokenizer, STATS)
+    obs = policy.observation(
+        {"a": torch.zeros(1, 32, 32, 3, dtype=torch.uint8)}, ["open the door"], 3 * torch.ones(1, 5)
+    )
+    torch.testing.assert_close(obs.state, torch.full((1, 5), 4.0))  # (3 - 0) / 1 * 2 - 1 = 5 -> 4
+
+
+def test_policy_gives_reading_offsets_the_runs_units(tokenizer):
+    model = tiny_vla(
+        cameras=("a",), text=TextSpecials.from_tokenizer(tokenizer), sim_state_dim=6, reading_offsets="3:6"
+    )
+    with pytest.raises(ValueError, match="simulator state's stats"):
+        DiffusionVLAPolicy(model, tokenizer, STATS)
+    sim = {"q01": np.zeros(6), "q99": np.arange(1, 7.0)}
+    DiffusionVLAPolicy(model, tokenizer, {**STATS, "sim.state": sim})
+    torch.testing.assert_close(model.reading_offsets.sim_span, torch.arange(1, 7.0))
+    torch.testing.assert_close(model.reading_offsets.state_span, torch.ones(5))
+
+
+def test_held_reading_averages_the_first_plans_then_holds_per_episode():
+    memory = HeldReading("1:4", plans=2)
+    first, second, third = torch.zeros(2, 5), torch.ones(2, 5), 5 * torch.ones(2, 5)
+    memory.update(["x", "y"], first)
+    held = memory.update(["x", "y"], second)
+    assert torch.isnan(held[:, [0, 4]]).all()  # outside the slice: the live reading
+    torch.testing.assert_close(held[:, 1:4], torch.full((2, 3), 0.5))
+    torch.testing.assert_close(memory.update(["x", "y"], third)[:, 1:4], torch.full((2, 3), 0.5))
+    memory.forget("y")  # a new episode in slot y starts over
+    torch.testing.assert_close(memory.update(["x", "y"], third)[:, 1:4], torch.tensor([[0.5] * 3, [5.0] * 3]))
+    with pytest.raises(ValueError, match="3-D position"):
+        PolicyConfig(hold_reading="1:3")
+    with pytest.raises(ValueError, match="trailing comma"):  # what YAML makes of a lone 36:39
+        PolicyConfig(hold_reading="2199")
+    assert PolicyConfig(hold_reading="36:39,").hold_reading == "36:39,"
+
+
+def test_policy_with_held_reading_feeds_the_held_values_to_the_model(tokenizer):
+    torch.manual_seed(0)
+    text = TextSpecials.from_tokenizer(tokenizer)
+    sim = {"q01": np.zeros(6), "q99": np.ones(6)}
+    with pytest.raises(ValueError, match="takes the head's reading as an input"):
+        DiffusionVLAPolicy(
+            tiny_vla(cameras=("a",), text=text), tokenizer, STATS, PolicyConfig(hold_reading="3:6")
+        )
+    model = tiny_vla(cameras=("a",), text=text, sim_state_dim=6, sim_state_input=True)
+    policy = DiffusionVLAPolicy(
+        model, tokenizer, {**STATS, "sim.state": sim}, PolicyConfig(hold_reading="3:6", hold_reading_plans=1)
+    )
+    images = {"a": torch.randint(0, 255, (1, 32, 32, 3), dtype=torch.uint8)}
+    with pytest.raises(ValueError, match="episodes="):
+        policy.predict_action_chunk(images, ["open the door"], torch.rand(1, 5))
+    policy.select_action(images, ["open the door"], torch.rand(1, 5))  # the first plan sets the memory
+    held = policy.held_reading.update([0], torch.zeros(1, 6))  # (1, 6): NaN, then the first reading
+    later = {"a": torch.randint(0, 255, (1, 32, 32, 3), dtype=torch.uint8)}  # other images, same episode
+    obs = policy.observation(later, ["open the door"], torch.rand(1, 5))
+    live = model.predict_sim_state(obs)
+    obs.reading_override = held
+    embeds, _ = model.eval().prefix_embeds(obs)
+    torch.testing.assert_close(embeds[:, -1], model.sim_state_proj(torch.cat([live[:, :3], held[:, 3:]], 1)))
+    policy.reset()
+    assert not policy.held_reading._reads
 
 
 def test_policy_queues_actions_and_replans(tokenizer):
