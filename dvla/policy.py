@@ -43,8 +43,8 @@ class PolicyConfig:
     # Slices of the simulator state ("36:39": MetaWorld's goal) whose reading is averaged over the
     # first `hold_reading_plans` re-plans of an episode and then held, for checkpoints that take the
     # reading as an input (sim_state_input or reading_offsets). For targets that do not move during
-    # an episode: the live reading of a goal degrades once the arm hides it or leaves the
-    # demonstrated paths (README, "Offsets from the hand"). Costs one more image-encoder pass per
+    # an episode: the live reading of a goal degrades once the arm leaves the demonstrated
+    # paths (README, "Offsets from the hand"). Costs one more image-encoder pass per
     # chunk. "" = always the live reading.
     hold_reading: str = ""
     hold_reading_plans: int = 3
