@@ -17,6 +17,7 @@ seed, saves JSON.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 from probe_sim_state import checkpoint_task_seeds_parser, default_out, parse_seeds
 
 from dvla.policy import DiffusionVLAPolicy, PolicyConfig
+from dvla.processor import STATE_KEY, QuantileNormalizer
 from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from dvla.sim.tasks import check_tasks
 
@@ -75,8 +77,7 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
 
 def state_range_position(policy: DiffusionVLAPolicy, state: torch.Tensor) -> torch.Tensor:
     """The state (B, S) on the scale where the training data's q01..q99 is [-1, 1], unclipped."""
-    norm = policy.state_norm
-    return (state.float() - norm.low) / norm.span * 2 - 1
+    return QuantileNormalizer(policy.stats, STATE_KEY, clip=math.inf).normalize(state.float())
 
 
 def summarise(label: str, rows: list[dict]) -> None:

@@ -149,15 +149,14 @@ class DiffusionVLA(nn.Module):
         )
         # where the head reads objects, relative to the hand, as one more prefix token
         self.reading_offsets, self.offset_proj = None, None
-        if parse_offsets(config.reading_offsets):
+        offset_slices = parse_offsets(config.reading_offsets)
+        if offset_slices:
             if self.sim_state_head is None:
                 raise ValueError(
                     "model.reading_offsets needs a simulator-state target: "
                     "set dataset.sim_state_key (e.g. sim.state)"
                 )
-            self.reading_offsets = ReadingOffsets(
-                parse_offsets(config.reading_offsets), config.state_dim, config.sim_state_dim
-            )
+            self.reading_offsets = ReadingOffsets(offset_slices, config.state_dim, config.sim_state_dim)
             self.offset_proj = nn.Sequential(
                 nn.Linear(self.reading_offsets.out_dim, d), nn.GELU(), nn.Linear(d, d)
             )

@@ -45,7 +45,7 @@ class PolicyConfig:
     # reading as an input (sim_state_input or reading_offsets). For targets that do not move during
     # an episode: the live reading of a goal degrades once the arm leaves the demonstrated
     # paths (README, "Offsets from the hand"). Costs one more image-encoder pass per
-    # chunk. "" = always the live reading.
+    # chunk while the average forms. "" = always the live reading.
     hold_reading: str = ""
     hold_reading_plans: int = 3
 
@@ -172,7 +172,9 @@ class DiffusionVLAPolicy:
         if self.held_reading is not None:
             if episodes is None or len(episodes) != obs.batch_size:
                 raise ValueError("hold_reading needs the episode of every row: pass episodes=[...]")
-            live = self.model.predict_sim_state(obs).float()  # (B, E) normalised
+            # the live reading costs an encoder pass: only while some row's average is still forming
+            filling = self.held_reading.filling(episodes)
+            live = self.model.predict_sim_state(obs).float() if filling else None  # (B, E) normalised
             obs.reading_override = self.held_reading.update(episodes, live)
         actions, self.last_forwards = self.model.sample_actions(obs, self.config.decode)
         return self.action_norm.unnormalize(actions.float())
@@ -215,13 +217,20 @@ class HeldReading:
     def forget(self, episode) -> None:
         self._reads.pop(episode, None)
 
-    def update(self, episodes: list, live: torch.Tensor) -> torch.Tensor:
-        """live (B, E) -> override (B, E): the held mean on the slices, NaN (live) elsewhere."""
-        override = torch.full_like(live, float("nan"))
+    def filling(self, episodes: list) -> bool:
+        """Whether some of these episodes still average readings (and so need the live one)."""
+        return any(len(self._reads.get(episode, ())) < self.plans for episode in episodes)
+
+    def update(self, episodes: list, live: torch.Tensor | None) -> torch.Tensor:
+        """live (B, E), or None once no episode is `filling` -> override (B, E): the held mean on
+        the slices, NaN (the model's live reading) elsewhere."""
+        override = None
         for row, episode in enumerate(episodes):
             reads = self._reads.setdefault(episode, [])
             if len(reads) < self.plans:
                 reads.append(live[row])
+            if override is None:  # (B, E)
+                override = torch.full((len(episodes), reads[0].numel()), float("nan"), device=reads[0].device)
             held = torch.stack(reads).mean(0)  # (E,)
             for a, b in self.slices:
                 override[row, a:b] = held[a:b]

@@ -88,6 +88,7 @@ class ReadingOffsets(nn.Module):
                 f"reading_offsets {slices} reach past the simulator state's {sim_state_dim} dims"
             )
         self.slices = slices
+        self._units_checked = False  # the NaN check syncs a GPU: once per module is enough
         for name, dim in (("state", state_dim), ("sim", sim_state_dim)):
             self.register_buffer(f"{name}_low", torch.full((dim,), float("nan")))
             self.register_buffer(f"{name}_span", torch.full((dim,), float("nan")))
@@ -107,14 +108,19 @@ class ReadingOffsets(nn.Module):
             getattr(self, name).copy_(torch.as_tensor(value, dtype=torch.float32))
 
     def forward(self, reading: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        if torch.isnan(self.sim_low).any():
+        if not self._units_checked:
+            self._check_units()
+        world = (reading.float() + 1) / 2 * self.sim_span + self.sim_low  # (B, E) metres
+        hand = ((state.float() + 1) / 2 * self.state_span + self.state_low)[:, :3]  # (B, 3)
+        return torch.cat([world[:, a:b] - hand for a, b in self.slices], dim=1) * 10  # (B, 3n)
+
+    def _check_units(self) -> None:
+        if torch.isnan(self.sim_low).any() or torch.isnan(self.state_low).any():
             raise RuntimeError(
                 "reading_offsets has no units yet: build the model through DiffusionVLAPolicy (or call "
                 "model.reading_offsets.set_units with the run's statistics)"
             )
-        world = (reading.float() + 1) / 2 * self.sim_span + self.sim_low  # (B, E) metres
-        hand = ((state.float() + 1) / 2 * self.state_span + self.state_low)[:, :3]  # (B, 3)
-        return torch.cat([world[:, a:b] - hand for a, b in self.slices], dim=1) * 10  # (B, 3n)
+        self._units_checked = True
 
 
 def emphasis_weights(spec: str, dim: int) -> torch.Tensor:
