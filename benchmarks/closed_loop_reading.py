@@ -10,8 +10,9 @@ range (where the state is clipped at model.state_clip). At the end of each episo
 far the hand is from the true goal and from the goal as read at the last re-plan, and how far off
 the reading was over the episode. A hand that ends at the read goal but away from the true one
 fails for want of a sharper reading; a hand far from both fails for another reason (how it acts on
-what it reads). Meaningful for reach, where the hand itself must reach the goal. Prints a table per
-seed, saves JSON.
+what it reads). Meaningful for reach, where the hand itself must reach the goal; for push and
+pick-place, how close the hand came to the puck and how far the puck moved say whether the policy
+went for it at all. Prints a table per seed, saves JSON.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from dvla.processor import STATE_KEY, QuantileNormalizer
 from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 from dvla.sim.tasks import check_tasks
 
-HAND, GOAL = slice(0, 3), slice(36, 39)  # in MetaWorld's 39-D observation
+HAND, OBJECT, GOAL = slice(0, 3), slice(4, 7), slice(36, 39)  # in MetaWorld's 39-D observation
 
 
 def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps: int) -> dict:
     """One closed-loop episode: success, where the hand ends, and the goal as read at each re-plan."""
     obs, _ = env.reset(seed=seed)
     policy.reset()
-    reads, success, steps, outside = [], False, 0, []
+    object_start = env.raw_obs[OBJECT].copy()
+    reads, success, steps, outside, hand_to_object = [], False, 0, [], []
     for steps in range(1, max_steps + 1):
         images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
         state = torch.from_numpy(obs["state"])[None]  # (1, S)
@@ -46,6 +48,7 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
                 reads.append(policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy())
             action = policy.select_action(images, [obs["task"]], state)[0].float().numpy()
         obs, _, terminated, truncated, info = env.step(action)
+        hand_to_object.append(np.linalg.norm(env.raw_obs[HAND] - env.raw_obs[OBJECT]) * 100)
         if info.get("success"):
             success = True
             break
@@ -61,6 +64,9 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
         "steps": steps,
         "hand_to_goal_cm": float(np.linalg.norm(hand - goal) * 100),
         "hand_to_last_read_cm": float(np.linalg.norm(hand - reads[-1]) * 100),
+        # did the hand go for the first object (puck, button, handle), and did the object move
+        "hand_to_object_min_cm": float(min(hand_to_object)),
+        "object_moved_cm": float(np.linalg.norm(env.raw_obs[OBJECT] - object_start) * 100),
         "read_error_first_cm": float(read_errors[0]),
         "read_error_last_cm": float(read_errors[-1]),
         "read_error_mean_cm": float(np.mean(read_errors)),
@@ -120,14 +126,16 @@ def main() -> None:
     print(f"{args.task}, {args.checkpoint}, at most {args.max_steps} steps{held}\n")
     print(
         "| seed | success | hand to goal | hand to last reading | reading error: first / last / mean "
-        "| steps outside the state range (first) | per state dimension |"
+        "| closest to the object | object moved | steps outside the state range (first) "
+        "| per state dimension |"
     )
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
             f"| {r['seed']} | {'yes' if r['success'] else 'no'} | {r['hand_to_goal_cm']:.1f} cm "
             f"| {r['hand_to_last_read_cm']:.1f} cm | {r['read_error_first_cm']:.1f} / "
             f"{r['read_error_last_cm']:.1f} / {r['read_error_mean_cm']:.1f} cm "
+            f"| {r['hand_to_object_min_cm']:.1f} cm | {r['object_moved_cm']:.1f} cm "
             f"| {r['steps_outside_state_range']} ({r['first_step_outside'] or '-'}) "
             f"| {' / '.join(map(str, r['steps_outside_per_dim']))} |"
         )
