@@ -35,6 +35,7 @@ HAND, OBJECT, GOAL = slice(0, 3), slice(4, 7), slice(36, 39)  # in MetaWorld's 3
 
 def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps: int) -> dict:
     """One closed-loop episode: success, where the hand ends, and the goal as read at each re-plan."""
+    unclipped = QuantileNormalizer(policy.stats, STATE_KEY, clip=math.inf)  # data's q01..q99 -> [-1, 1]
     obs, _ = env.reset(seed=seed)
     policy.reset()
     object_start = env.raw_obs[OBJECT].copy()
@@ -42,7 +43,7 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
     for steps in range(1, max_steps + 1):
         images = {c: torch.from_numpy(image)[None] for c, image in obs["images"].items()}  # (1, H, W, 3)
         state = torch.from_numpy(obs["state"])[None]  # (1, S)
-        outside.append((state_range_position(policy, state)[0].abs() > 1).numpy())  # (S,)
+        outside.append((unclipped.normalize(state.float())[0].abs() > 1).numpy())  # (S,)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if (steps - 1) % policy.config.n_action_steps == 0:  # a re-plan: read the goal too
                 reads.append(policy.predict_sim_state(images, [obs["task"]], state)[0, GOAL].float().numpy())
@@ -79,11 +80,6 @@ def episode(policy: DiffusionVLAPolicy, env: MetaWorldEnv, seed: int, max_steps:
         "state_end": np.round(obs["state"], 3).tolist(),  # the robot state the policy saw last
         "goal": goal.round(3).tolist(),
     }
-
-
-def state_range_position(policy: DiffusionVLAPolicy, state: torch.Tensor) -> torch.Tensor:
-    """The state (B, S) on the scale where the training data's q01..q99 is [-1, 1], unclipped."""
-    return QuantileNormalizer(policy.stats, STATE_KEY, clip=math.inf).normalize(state.float())
 
 
 def summarise(label: str, rows: list[dict]) -> None:

@@ -69,9 +69,7 @@ def parse_offsets(spec: str) -> list[tuple[int, int]]:
             )
             raise ValueError(f"slice {part!r} is not start:stop (e.g. '36:39'){hint}") from None
         if start < 0 or stop - start != 3:
-            raise ValueError(
-                f"reading_offsets part {part!r} must be a 3-D position: start >= 0, stop = start + 3"
-            )
+            raise ValueError(f"slice {part!r} must be a 3-D position: start >= 0, stop = start + 3")
         slices.append((start, stop))
     return slices
 
