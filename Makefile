@@ -36,18 +36,18 @@ format: $(STAMP)
 # Collect -> train (~15 min on 2 CPU cores) -> roll out with videos -> answer VQA questions -> report.
 # Every stage resumes or skips finished work, so rerunning is cheap.
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect_demo.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect/demo.yaml
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla show --root outputs/demo/metaworld
-	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/vqa_demo.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect/vqa_demo.yaml
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla show --root outputs/demo/vqa_scenes
-	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla train --config_path configs/demo.yaml
+	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla train --config_path configs/train/demo.yaml
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla rollout --checkpoint outputs/demo/train \
 		--tasks drawer-close-v3,button-press-topdown-v3,window-close-v3 --episodes 10 --output_dir outputs/demo/rollout
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla vqa --checkpoint outputs/demo/train \
 		--dataset outputs/demo/vqa_scenes --split test --output_dir outputs/demo/vqa
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla vqa --checkpoint outputs/demo/train \
 		--image outputs/demo/vqa/examples/0.png --question "How many objects are there?" --show_steps
-	HF_HUB_OFFLINE=1 $(PY) -m dvla.demo_report --root outputs/demo
+	HF_HUB_OFFLINE=1 $(PY) -m dvla.eval.demo_report --root outputs/demo
 
 bench-sim: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_sim.py

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dvla.action_head.base import ActionHead, Backbone, HeadConfig, HeadSpec, TrainingTarget, register_head
+from dvla.backbone.decoder import DecodeConfig
 
+
+@HeadConfig.register_subclass("flow")
 @dataclass
-class FlowHeadConfig:
+class FlowHeadConfig(HeadConfig):
     """Size of the velocity network and how the flow is integrated."""
+
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = ("integration_steps",)
 
     # Width of the velocity MLP.
     hidden_size: int = 256
@@ -49,19 +56,38 @@ class _Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
-class FlowMatchingHead(nn.Module):
-    """cond (B, H, d) hidden states of the action queries -> actions (B, H, D) in normalised units."""
+@register_head("flow")
+class FlowHead(ActionHead):
+    """H action queries through the backbone once; their hidden states cond (B, H, d) condition a
+    velocity network integrated to actions (B, H, D) in normalised units."""
 
-    def __init__(self, config: FlowHeadConfig, cond_dim: int, action_dim: int, chunk_size: int):
-        super().__init__()
-        self.config, self.action_dim = config, action_dim
-        self.queries = nn.Parameter(torch.randn(chunk_size, cond_dim) * 0.02)  # fed to the backbone
+    def __init__(self, config: FlowHeadConfig, spec: HeadSpec):
+        super().__init__(config, spec)
+        action_dim, self.action_dim = spec.action_dim, spec.action_dim
+        self.queries = nn.Parameter(torch.randn(spec.chunk_size, spec.width) * 0.02)  # fed to the backbone
         width = config.hidden_size
         self.action_in = nn.Linear(action_dim, width)
-        self.cond_in = nn.Linear(cond_dim, width)
+        self.cond_in = nn.Linear(spec.width, width)
         self.time_in = nn.Linear(width, width)
         self.blocks = nn.Sequential(*(_Block(width) for _ in range(config.num_blocks)))
         self.out = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, action_dim))
+
+    @property
+    def target_length(self) -> int:
+        return self.spec.chunk_size
+
+    def training_target(self, actions, is_pad, generator=None) -> TrainingTarget:
+        return TrainingTarget(self.queries.expand(actions.shape[0], -1, -1), {})  # (B, H, d)
+
+    def loss(self, hidden, target, actions, is_pad, generator=None):
+        loss = self.flow_loss(hidden, actions, is_pad, generator)
+        return loss, {"flow_mse": float(loss.detach())}
+
+    def sample(self, backbone: Backbone, decode: DecodeConfig, generator=None, use_cache=True):
+        if not use_cache or decode.autoregressive:
+            raise ValueError("the flow head decodes with the prefix cache in one pass; drop those options")
+        cond = backbone.target_hidden(self.queries.expand(backbone.batch_size, -1, -1))  # (B, H, d)
+        return self.integrate(cond, generator=generator), 1
 
     def velocity(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """x_t (B, H, D), t (B,), cond (B, H, d) -> velocity (B, H, D)."""
@@ -69,7 +95,7 @@ class FlowMatchingHead(nn.Module):
         h = h + self.time_in(time_embedding(t, h.shape[-1]))[:, None]  # (B, H, w)
         return self.out(self.blocks(h))
 
-    def loss(
+    def flow_loss(
         self,
         cond: torch.Tensor,
         actions: torch.Tensor,
@@ -86,7 +112,7 @@ class FlowMatchingHead(nn.Module):
         return (err * keep).sum() / keep.sum().clamp(min=1)
 
     @torch.no_grad()
-    def sample(self, cond: torch.Tensor, steps: int | None = None, generator=None) -> torch.Tensor:
+    def integrate(self, cond: torch.Tensor, steps: int | None = None, generator=None) -> torch.Tensor:
         """Integrate from noise with Euler steps: (B, H, d) -> (B, H, D)."""
         steps = steps or self.config.integration_steps
         b, h, _ = cond.shape

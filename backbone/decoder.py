@@ -64,7 +64,7 @@ class DecodeConfig:
 
 
 # Denoising steps per action chunk by default. One step (every action token filled in at once)
-# succeeded more often than 4 on every model swept so far (README, "Decoding sweep") and is the
+# succeeded more often than 4 on every model swept so far (docs/results/decoding_sweep.md) and is the
 # fastest; answers keep DecodeConfig's multi-step default, since a multi-token answer needs its
 # tokens to agree with each other.
 ACTION_DECODE_STEPS = 1

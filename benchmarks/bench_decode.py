@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 from dvla.backbone.decoder import DecodeConfig
-from dvla.batch import fake_observation
 from dvla.bench.latency import median_ms
-from dvla.model import DiffusionVLA, TextSpecials
-from dvla.model_config import BackboneSize, DiffusionVLAConfig
+from dvla.model import BackboneSize, DiffusionVLA, DiffusionVLAConfig, TextSpecials
+from dvla.types import fake_observation
 from dvla.vision import VisionConfig
 
 CAMERAS = ["corner2", "gripperPOV"]

@@ -1,7 +1,9 @@
-"""A checkpoint is one folder: config.json (with type tags), model.safetensors, tokenizer/, stats.json.
+"""A checkpoint is one folder: config.json (with type tags), model.safetensors, tokenizer/, stats.json;
+a training checkpoint adds training_state.pt and step.json.
 
 Written to a temporary folder and renamed into place, so a crash never leaves a half-written
-checkpoint under the final name. No pickle anywhere.
+checkpoint under the final name. No pickle for weights. Older formats are migrated on load
+(`dvla.migrate`), giving the same weights and actions.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from pathlib import Path
 import draccus
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_model
 
 from dvla.backbone.configuration import DiffusionLMConfig
-from dvla.model import DiffusionVLA, TextSpecials
-from dvla.model_config import DiffusionVLAConfig
+from dvla.migrate import migrate
+from dvla.model import DiffusionVLA, DiffusionVLAConfig, TextSpecials
 
 CONFIG_FILE, WEIGHTS_FILE, STATS_FILE, TOKENIZER_DIR = (
     "config.json",
@@ -26,7 +28,9 @@ CONFIG_FILE, WEIGHTS_FILE, STATS_FILE, TOKENIZER_DIR = (
     "stats.json",
     "tokenizer",
 )
-FORMAT_VERSION = 1
+# what a training checkpoint adds: optimizer, schedule and RNG state, and the step it was saved at
+TRAINING_STATE, STEP_FILE = "training_state.pt", "step.json"
+FORMAT_VERSION = 2  # 2: head and adapters; 1: flat research options (read through dvla.migrate)
 
 
 def save_checkpoint(
@@ -70,6 +74,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path
 
 
+def checkpoint_format(path: str | Path) -> int:
+    return int(json.loads((resolve_checkpoint(path) / CONFIG_FILE).read_text()).get("format_version", 0))
+
+
 def checkpoint_info(path: str | Path) -> dict:
     """What the checkpoint was trained on: {"tasks": [instructions], "dataset": ..., "fps": ...}
     (empty for checkpoints saved without it)."""
@@ -78,42 +86,54 @@ def checkpoint_info(path: str | Path) -> dict:
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint."""
+    """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint (any format)."""
     from transformers import AutoTokenizer
 
     path = resolve_checkpoint(path)
     config = json.loads((path / CONFIG_FILE).read_text())
-    if config.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path}: checkpoint format {config.get('format_version')}, this dvla reads {FORMAT_VERSION}"
-        )
-    model_fields = config["model"]
-    if model_fields.get("sim_state_dim") and "sim_state_reads" not in model_fields:
-        model_fields = {**model_fields, "sim_state_reads": "state_token"}  # saved before the choice existed
-    model_config = draccus.decode(DiffusionVLAConfig, model_fields)
+    version = config.get("format_version")
+    if version not in (1, FORMAT_VERSION):
+        raise ValueError(f"{path}: checkpoint format {version}, this dvla reads 1 to {FORMAT_VERSION}")
+    config, state = migrate(config, load_file(str(path / WEIGHTS_FILE)), version)
+    model_config = draccus.decode(DiffusionVLAConfig, config["model"])
     if model_config.type != "dvla":
         raise ValueError(f"{path}: a {model_config.type!r} checkpoint, not a dvla one")
     backbone_config = DiffusionLMConfig.from_dict(config["backbone"])
     model = DiffusionVLA(model_config, TextSpecials(**config["text"]), backbone_config)
-    load_model(model, str(path / WEIGHTS_FILE), strict=True, device=str(device))  # raises on any mismatch
+    _load_weights(model, state, path)
     tokenizer = AutoTokenizer.from_pretrained(path / TOKENIZER_DIR)
     stats = {
         k: {s: np.asarray(v, dtype=np.float64) for s, v in feature.items()}
         for k, feature in json.loads((path / STATS_FILE).read_text()).items()
     }
+    model.bind_stats(stats)
     return model.to(device).eval(), tokenizer, stats
+
+
+def _load_weights(model: DiffusionVLA, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Every weight of the model from `state`, strictly: a tensor safetensors stored once for
+    several names (tied weights) is the only one allowed to be absent."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tensors = model.state_dict(keep_vars=True)
+    loaded = {tensors[k].data_ptr() for k in state if k in tensors}
+    missing = [k for k in missing if tensors[k].data_ptr() not in loaded]
+    if missing or unexpected:
+        raise ValueError(
+            f"{path / WEIGHTS_FILE} does not fit its config: missing {missing}, unexpected {unexpected}"
+        )
 
 
 def export_raw_weights(path: str | Path, out: str | Path) -> Path:
     """Write a copy of a training checkpoint whose model holds the raw training weights (kept in its
-    training_state.pt) instead of their moving average: for runs whose average was not
-    bias-corrected (dvla before dvla.ema), or to compare the two."""
-    from dvla.train import TRAINING_STATE
-
+    training_state.pt) instead of their moving average: to compare the two."""
     path = resolve_checkpoint(path)
     state_file = path / TRAINING_STATE
     if not state_file.exists():
         raise FileNotFoundError(f"{path} has no {TRAINING_STATE}: only training checkpoints keep raw weights")
+    if checkpoint_format(path) != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} is a format-{checkpoint_format(path)} checkpoint; its raw weights use old names"
+        )
     state = torch.load(state_file, weights_only=True)
     if "raw_model" not in state:
         raise ValueError(f"{path} was trained without --ema_decay: its model already holds the raw weights")

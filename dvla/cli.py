@@ -14,14 +14,18 @@ from collections.abc import Callable
 import draccus
 from draccus.utils import DecodingError, ParsingError
 
+from dvla.bench import config as bench_config
+from dvla.bench import run as bench
+from dvla.data import show
+from dvla.eval import rollout, rollout_config, vqa
+from dvla.sim import command as collect
+from dvla.training import config as train_config
+from dvla.training import loop as train
+
 Command = tuple[type, Callable, str]
 
 
 def _commands() -> dict[str, Command]:
-    from dvla import collect, rollout, rollout_config, show, train, train_config, vqa
-    from dvla.bench import config as bench_config
-    from dvla.bench import run as bench
-
     return {
         "collect": (collect.CollectConfig, collect.run, "record scripted MetaWorld demos or VQA scenes"),
         "show": (show.ShowConfig, show.run, "summarise a LeRobot or VQA dataset and save a preview image"),
@@ -53,6 +57,13 @@ def normalize_args(args: list[str], config_class: type) -> list[str]:
     return out
 
 
+def config_error(err: BaseException) -> BaseException:
+    """The error under draccus' wrappers: a config's own check (__post_init__) says what is wrong."""
+    while isinstance(err, (DecodingError, ParsingError)) and (err.__cause__ or err.__context__) is not None:
+        err = err.__cause__ or err.__context__
+    return err
+
+
 def _usage(commands: dict[str, Command]) -> str:
     lines = ["usage: dvla <command> [--config_path FILE.yaml] [--key=value ...]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in commands.items()]
@@ -75,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(draccus.parse(config_class=config_class, args=normalize_args(rest, config_class)))
     except (ValueError, FileExistsError, FileNotFoundError, RuntimeError, DecodingError, ParsingError) as err:
-        while isinstance(err, ParsingError) and err.__cause__ is not None:
-            err = err.__cause__  # a config's own check (__post_init__) says what is wrong
+        err = config_error(err)
         print(f"dvla {name}: error: {err}\n(`dvla {name} --help` lists every option)", file=sys.stderr)
         return 1
     return 0

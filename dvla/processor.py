@@ -1,12 +1,16 @@
-"""Between raw data and the model: text tokens, answer blocks and quantile normalisation."""
+"""Between raw data and the model: text tokens, answer blocks, quantile normalisation, and the
+`Processor` that turns dataset samples and raw observations into typed batches (training and the
+policy share it)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from dvla.types import ActionBatch, Observation, PerceptionFrames, VQABatch
+
 # Names of the state and action statistics in a checkpoint (whatever the dataset calls the features),
-# and of the auxiliary simulator-state target's (see DiffusionVLAConfig.sim_state_dim).
+# and of the simulator-state target's (the sim_state adapter).
 STATE_KEY, ACTION_KEY, SIM_STATE_KEY = "observation.state", "action", "sim.state"
 # Narrowest q01-q99 range of a simulator-state dimension (metres for positions): a narrower one is
 # solver noise (a resting puck's quaternion wobbles by 1e-4) that must not become a full-scale target.
@@ -74,3 +78,78 @@ class QuantileNormalizer:
 
     def unnormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x + 1) / 2 * self.span.to(x.device) + self.low.to(x.device)
+
+
+def to_float_chw(image: torch.Tensor) -> torch.Tensor:
+    """(B, 3, H, W) float in [0, 1], or (B, H, W, 3) uint8 camera frames -> (B, 3, H, W) float."""
+    image = torch.as_tensor(image)
+    if image.dtype == torch.uint8:
+        return image.permute(0, 3, 1, 2).float() / 255
+    return image.float()
+
+
+class Processor:
+    """Raw observations and collated dataset samples -> the model's typed inputs, on `device`.
+
+    `config` is the model's DiffusionVLAConfig (text lengths, state clip); `stats` the run's
+    normalisation statistics (a VQA-only run has no robot statistics and cannot act)."""
+
+    def __init__(self, tokenizer, stats: dict, config, device: torch.device | str = "cpu"):
+        self.tokenizer, self.stats, self.config = tokenizer, stats, config
+        self.device = torch.device(device)
+        self.acts = STATE_KEY in stats and ACTION_KEY in stats
+        self.state_norm = QuantileNormalizer(stats, STATE_KEY, clip=config.state_clip) if self.acts else None
+        self.action_norm = QuantileNormalizer(stats, ACTION_KEY) if self.acts else None
+        self.sim_state_norm = QuantileNormalizer(stats, SIM_STATE_KEY) if SIM_STATE_KEY in stats else None
+
+    def observation(self, images: dict, texts: list[str], state) -> Observation:
+        """images {camera: (B, 3, H, W) float in [0, 1] or (B, H, W, 3) uint8}, raw state (B, S) or
+        None for questions."""
+        images = {name: to_float_chw(img).to(self.device) for name, img in images.items()}
+        ids, valid = encode_text(self.tokenizer, texts, self.config.max_text_tokens)
+        if state is not None:
+            if not self.acts:
+                raise ValueError("this checkpoint was trained on VQA only (no robot data): it cannot act")
+            state = self.state_norm.normalize(torch.as_tensor(state, dtype=torch.float32)).to(self.device)
+        return Observation(images, ids.to(self.device), valid.to(self.device), state)
+
+    def action_batch(self, sample: dict) -> ActionBatch:
+        """A collated robot batch (dvla.data.LeRobotChunks) -> the model's training batch."""
+        obs = self.observation(sample["images"], sample["task"], sample["state"])
+        actions = self.action_norm.normalize(sample["actions"].float()).to(self.device)
+        targets = {}
+        if "sim_state" in sample:
+            targets["sim_state"] = self.sim_state(sample)
+        if "perception" in sample:  # scenes for the simulator-state target only
+            frames = sample["perception"]
+            images = {name: to_float_chw(img).to(self.device) for name, img in frames["images"].items()}
+            targets["sim_state_frames"] = PerceptionFrames(images, self.sim_state(frames))
+        return ActionBatch(obs, actions, sample["actions_is_pad"].to(self.device), targets)
+
+    def sim_state(self, sample: dict) -> torch.Tensor:
+        """The sample's simulator state (B, E) normalised with the run's statistics."""
+        if "sim_state" not in sample:
+            raise ValueError("perception frames need a simulator state: set perception.sim_state_key")
+        if self.sim_state_norm is None:
+            raise ValueError("the batch has a simulator state but the run's statistics have none")
+        return self.sim_state_norm.normalize(sample["sim_state"].float()).to(self.device)
+
+    def vqa_batch(self, sample: dict) -> VQABatch:
+        """A collated VQA batch (dvla.data.VQAScenes) -> the model's VQA training batch; the
+        adapters' targets ("scene_map", "referents") pass through."""
+        obs = self.observation(sample["images"], sample["question"], None)
+        if "image_index" in sample:  # questions grouped by image (VQAScenesByImage)
+            obs.image_index = sample["image_index"].to(self.device)
+        answers = encode_answers(self.tokenizer, sample["answer"], self.config.answer_tokens)
+        targets = {k: sample[k].to(self.device) for k in TARGET_KEYS if k in sample}
+        return VQABatch(obs, answers.to(self.device), targets)
+
+    def robot_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Normalised actions (..., D) -> robot units."""
+        return self.action_norm.unnormalize(actions.float())
+
+    def answers(self, ids: torch.Tensor) -> list[str]:
+        return decode_answers(self.tokenizer, ids)
+
+
+TARGET_KEYS = ("scene_map", "referents")  # adapters' VQA targets a sample may carry

@@ -23,7 +23,7 @@ ROBOT_TYPE = "sawyer"
 # MetaWorld's full 39-D observation (hand, object poses, goal). Deliberately not under "observation.":
 # lerobot policies would take it as an input there, and the real env gives policies no such thing.
 # dvla can learn to predict it from the cameras, as an auxiliary training target
-# (`--dataset.sim_state_key sim.state --model.sim_state_weight W`).
+# (`--dataset.sim_state_key sim.state --model.adapters.sim_state.weight W`).
 SIM_STATE_KEY = "sim.state"
 # Frames lerobot's streaming video encoder may buffer per camera: more than the longest episode (500).
 ENCODER_QUEUE_FRAMES = 1024

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dvla.backbone.decoder import DecodeConfig
-from dvla.batch import fake_observation
+from dvla.types import fake_observation
 
 
 @dataclass
@@ -74,7 +74,7 @@ def time_dvla(model, decode: DecodeConfig, use_cache: bool, repeats: int, n_acti
 
 
 def time_lerobot(actor, repeats: int, device: torch.device) -> Timing:
-    """A LeRobot actor (dvla.actors.LeRobotActor): `select_action` on a fresh episode predicts a chunk."""
+    """A LeRobot actor (`LeRobotActor`): `select_action` on a fresh episode predicts a chunk."""
     import numpy as np
 
     size = actor.image_size

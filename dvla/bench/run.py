@@ -17,14 +17,18 @@ from pathlib import Path
 import draccus
 import torch
 
+from dvla.action_head.flow import FlowHeadConfig
 from dvla.backbone.decoder import DecodeConfig
 from dvla.bench import latency as lat
 from dvla.bench.config import BenchConfig
 from dvla.bench.peers import task_episodes, train_peer
 from dvla.bench.report import FEW_STEPS, markdown, plots, plural_steps, targets
-from dvla.metrics import episode_outcomes, paired_comparison, wilson_interval
-from dvla.rollout import resolve_device
-from dvla.rollout_config import RolloutConfig
+from dvla.bench.throughput import measure
+from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
+from dvla.eval.metrics import episode_outcomes, paired_comparison, wilson_interval
+from dvla.eval.rollout import resolve_device
+from dvla.eval.rollout_config import RolloutConfig
+from dvla.model import DiffusionVLA
 
 
 def _machine(device: torch.device) -> str:
@@ -35,16 +39,15 @@ def _machine(device: torch.device) -> str:
 
 class Bench:
     def __init__(self, config: BenchConfig):
-        from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
         from dvla.sim.tasks import resolve_tasks, task_description
 
         self.config, self.device = config, resolve_device(config.device)
         self.out = Path(config.output_dir)
         self.checkpoint = resolve_checkpoint(config.checkpoint)
         self.model, self.tokenizer, _ = load_checkpoint(self.checkpoint, self.device)
-        if self.model.config.action_head != "discrete":
+        if self.model.config.head.type != "discrete":
             raise ValueError(
-                f"{self.checkpoint} has the {self.model.config.action_head!r} head; --checkpoint takes a "
+                f"{self.checkpoint} has the {self.model.config.head.type!r} head; --checkpoint takes a "
                 "discrete-head checkpoint (give a flow one as --flow_checkpoint)"
             )
         tasks = resolve_tasks(config.tasks, None if config.tasks else "mt10")
@@ -73,7 +76,7 @@ class Bench:
     # ---- rollouts -------------------------------------------------------------------------------
     def evaluate(self, name: str, checkpoint, tasks: list[str], decode: DecodeConfig | None = None) -> dict:
         """Roll out one policy on `tasks` (reusing a finished identical run); returns its report."""
-        from dvla.rollout import rollout
+        from dvla.eval.rollout import rollout
 
         c = self.config
         config = RolloutConfig(
@@ -145,19 +148,17 @@ class Bench:
         self.results["decode"] = {"rows": rows}
 
     def heads(self) -> None:
-        from dvla.checkpoint import load_checkpoint
-
         if not self.config.flow_checkpoint:
             print("bench: heads skipped (no --flow_checkpoint)")
             return
         flow, _, _ = load_checkpoint(self.config.flow_checkpoint, self.device)
-        if flow.config.action_head != "flow":
+        if flow.config.head.type != "flow":
             raise ValueError(f"--flow_checkpoint {self.config.flow_checkpoint} has the discrete head")
         rows, outcomes = [], []
         discrete = self.decode_setting(self.config.default_steps)[0].removeprefix("dvla ")
         for name, checkpoint, model, decode in (
             (discrete, self.checkpoint, self.model, DecodeConfig(steps=self.config.default_steps)),
-            (f"flow, {flow.config.flow.integration_steps} Euler steps", self.config.flow_checkpoint, flow,
+            (f"flow, {flow.config.head.integration_steps} Euler steps", self.config.flow_checkpoint, flow,
              DecodeConfig()),
         ):  # fmt: skip
             key = "flow" if model is flow else f"steps{self.config.default_steps}"
@@ -224,7 +225,7 @@ class Bench:
         self._peer_folders = {policy: folder for policy, _, folder, _ in trained}
 
     def latency(self) -> None:
-        from dvla.actors import LeRobotActor, resolve_lerobot_policy
+        from dvla.eval.actors import LeRobotActor, resolve_lerobot_policy
 
         rows, notes = [], []
         default_steps = self.config.default_steps
@@ -238,7 +239,7 @@ class Bench:
             rows.append(timing.row(name=name + ("" if use_cache else ", no prefix cache"), cache=use_cache))
         flow_model = self._flow_model()
         timing = self.time_decode(DecodeConfig(), model=flow_model)
-        rows.append(timing.row(name=f"dvla flow, {flow_model.config.flow.integration_steps} Euler steps"))
+        rows.append(timing.row(name=f"dvla flow, {flow_model.config.head.integration_steps} Euler steps"))
         folders = getattr(self, "_peer_folders", {})
         for policy in self.config.peers.policies:
             # a peer trained in this run, else one an earlier run trained on the first task
@@ -254,17 +255,12 @@ class Bench:
 
     def _flow_model(self):
         """The flow checkpoint, or an untrained flow-head twin of the checkpoint (latency only)."""
-        from dvla.checkpoint import load_checkpoint
-        from dvla.model import DiffusionVLA
-
         if self.config.flow_checkpoint:
             return load_checkpoint(self.config.flow_checkpoint, self.device)[0]
-        twin = replace(self.model.config, action_head="flow")
+        twin = replace(self.model.config, head=FlowHeadConfig())
         return DiffusionVLA(twin, self.model.text, self.model.backbone.config).to(self.device).eval()
 
     def throughput(self) -> None:
-        from dvla.bench.throughput import measure
-
         batch = 4 if self.config.quick else 32
         self.results["throughput"] = measure(self.device, batch, self.config.throughput_steps)
 

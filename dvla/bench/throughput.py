@@ -13,9 +13,8 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dvla.batch import fake_action_batch
-from dvla.model import DiffusionVLA, TextSpecials
-from dvla.model_config import DiffusionVLAConfig
+from dvla.model import DiffusionVLA, DiffusionVLAConfig, TextSpecials
+from dvla.types import fake_action_batch
 from dvla.vision import VisionConfig
 
 CAMERAS = ["corner2", "gripperPOV"]  # the MetaWorld configs' cameras

@@ -1,0 +1,141 @@
+"""The action-head interface and its registry: the head owns the target block of robot batches.
+
+A head says what the backbone reads after the prefix in training (`training_target`), turns the
+backbone's hidden states of that block into a loss (`loss`), and fills a chunk at inference
+(`sample`). Heads are picked by `model.head.type`; a new head is one module that registers a
+config (`@HeadConfig.register_subclass`) and a class (`@register_head`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import draccus
+import torch
+from torch import nn
+
+from dvla.backbone.decoder import DecodeConfig
+
+
+@dataclass
+class HeadConfig(draccus.ChoiceRegistry):
+    """Base of the heads' configs; `type` in a config file picks the subclass."""
+
+    # Fields a fine-tuning run takes from its own config (the rest come from the checkpoint).
+    RUN_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def type(self) -> str:
+        return self.get_choice_name(type(self))
+
+    @classmethod
+    def default_choice_name(cls) -> str:
+        """`--model.head.bins 64` without a `type` means the default head."""
+        return "discrete"
+
+
+class Vocabulary:
+    """The backbone's shared vocabulary as a head sees it: [text | action bins | MASK].
+
+    Holds a reference to the backbone without registering it as a submodule (its weights belong
+    to the model, not the head)."""
+
+    def __init__(self, backbone: nn.Module, text_size: int, bins: int):
+        self._backbone = [backbone]
+        self.text_size, self.bins = text_size, bins
+        self.action_offset = text_size
+        self.mask_id = text_size + bins
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self._backbone[0]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.backbone.embed(ids)
+
+    def bin_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the action bins only: (B, T, d) -> (B, T, bins)."""
+        w = self.backbone.lm_head.weight[self.action_offset : self.action_offset + self.bins]
+        return hidden @ w.T
+
+
+@dataclass
+class HeadSpec:
+    """What a head may know of the core model when it is built."""
+
+    width: int
+    chunk_size: int
+    action_dim: int
+    vocabulary: Vocabulary
+
+
+@dataclass
+class TrainingTarget:
+    """The target block of one training batch: its embeddings (B, T, d) and what the loss needs."""
+
+    embeds: torch.Tensor
+    extras: dict[str, Any]
+
+
+@dataclass
+class Backbone:
+    """The passes a head may ask for at inference, closed over one observation's prefix."""
+
+    target_hidden: Callable[[torch.Tensor], torch.Tensor]  # target embeds (B, T, d) -> hidden (B, T, d)
+    full_hidden: Callable[[torch.Tensor], torch.Tensor]  # the same, recomputing the prefix
+    prefix: Any  # the prefix cache (dvla.model.vla.Prefix)
+    batch_size: int
+
+
+class ActionHead(nn.Module):
+    """Base class of action heads."""
+
+    name: ClassVar[str]
+
+    def __init__(self, config: HeadConfig, spec: HeadSpec):
+        super().__init__()
+        self.config, self.spec = config, spec
+
+    @property
+    def target_length(self) -> int:
+        raise NotImplementedError
+
+    def training_target(self, actions: torch.Tensor, is_pad: torch.Tensor, generator=None) -> TrainingTarget:
+        """actions (B, H, D) in [-1, 1], is_pad (B, H) -> what the backbone reads after the prefix."""
+        raise NotImplementedError
+
+    def loss(
+        self, hidden: torch.Tensor, target: TrainingTarget, actions, is_pad, generator=None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """hidden (B, T, d) of the target block -> the head's loss and its metrics."""
+        raise NotImplementedError
+
+    def sample(
+        self, backbone: Backbone, decode: DecodeConfig, generator=None, use_cache: bool = True
+    ) -> tuple[torch.Tensor, int]:
+        """An action chunk (B, H, D) in [-1, 1] and the backbone forwards it took after the prefix."""
+        raise NotImplementedError
+
+
+HEADS: dict[str, type[ActionHead]] = {}
+
+
+def register_head(name: str):
+    """Class decorator: the head built for `model.head.type == name`."""
+
+    def register(cls: type[ActionHead]) -> type[ActionHead]:
+        if name in HEADS:
+            raise ValueError(f"an action head named {name!r} is already registered")
+        cls.name = name
+        HEADS[name] = cls
+        return cls
+
+    return register
+
+
+def build_head(config: HeadConfig, spec: HeadSpec) -> ActionHead:
+    if config.type not in HEADS:
+        raise ValueError(f"unknown action head {config.type!r}; registered: {sorted(HEADS)}")
+    return HEADS[config.type](config, spec)

@@ -1,0 +1,310 @@
+"""`dvla rollout`: closed-loop MuJoCo evaluation of a checkpoint with lerobot's MetaWorld protocol.
+
+Episodes run in an `EnvPool` (one environment per worker process); the policy plans for every
+episode whose action queue is empty in one batch, executes `n_action_steps` actions of each chunk
+and re-plans (receding horizon). Success is `info["success"]` at any step within `max_steps`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import draccus
+import numpy as np
+import torch
+
+from dvla.eval.metrics import wilson_interval
+from dvla.eval.progress import PARTIAL_FILE, load_partial, restore_timing, rollout_protocol, save_partial
+from dvla.eval.rollout_config import RolloutConfig
+from dvla.training.precision import autocast as precision_autocast
+from dvla.training.precision import resolve_precision
+
+HOLD_SECONDS = 0.75  # the last frame of a video is held this long
+
+
+@dataclass
+class Episode:
+    task: str
+    instruction: str
+    index: int  # within its task
+    seed: int
+    steps: int = 0
+    success: bool = False
+    frames: list | None = None  # captioned video frames, when this episode is filmed
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def check_trained_tasks(instructions: dict[str, str], info: dict, allow_unseen: bool) -> None:
+    """Refuse tasks whose instruction the checkpoint was not trained on (unless allowed)."""
+    trained = info.get("tasks")
+    if not trained:
+        warnings.warn("the checkpoint does not record its training tasks; not checking them", stacklevel=2)
+        return
+    unseen = {task: text for task, text in instructions.items() if text not in trained}
+    if unseen and not allow_unseen:
+        raise ValueError(
+            f"the checkpoint was not trained on {sorted(unseen)} (instructions {sorted(unseen.values())}); "
+            f"it knows {trained}. Pick trained tasks or pass --allow_unseen_tasks to try them zero-shot."
+        )
+
+
+def _caption(episode: Episode, done: bool) -> list[str]:
+    status = "SUCCESS" if episode.success else ("failed" if done else "")
+    return [episode.instruction, f"{episode.task}  seed {episode.seed}  step {episode.steps}  {status}"]
+
+
+def make_actor(config: RolloutConfig, device: torch.device, precision: str):
+    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained
+    on, on `device` under the resolved `precision` ("bf16" or "no")."""
+    from dvla.checkpoint import checkpoint_info, resolve_checkpoint
+    from dvla.eval.actors import DVLAActor, LeRobotActor, resolve_lerobot_policy
+    from dvla.policy import DiffusionVLAPolicy, PolicyConfig
+
+    autocast = precision_autocast(precision, device)
+    lerobot_path = resolve_lerobot_policy(config.checkpoint)
+    if lerobot_path is not None:
+        actor = LeRobotActor(lerobot_path, device, autocast)
+        return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_size
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    policy = DiffusionVLAPolicy.from_pretrained(
+        checkpoint,
+        PolicyConfig(config.n_action_steps, config.decode, hooks=config.hooks),
+        device,
+    )
+    model_config = policy.model.config
+    if model_config.action_dim != 4 or model_config.state_dim != 4:
+        raise ValueError(
+            f"MetaWorld has 4-D states and actions; the checkpoint has state/action dims "
+            f"{model_config.state_dim}/{model_config.action_dim}"
+        )
+    actor = DVLAActor(policy, autocast)
+    return actor, checkpoint, checkpoint_info(checkpoint), model_config.vision.image_size
+
+
+def rollout(config: RolloutConfig) -> dict:
+    from dvla.sim.tasks import resolve_tasks, task_description
+
+    tasks = resolve_tasks(config.tasks, config.suite)
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.mixed_precision, device)  # "auto" -> what the episodes run in
+    actor, checkpoint, info, image_size = make_actor(config, device, precision)
+    instructions = {task: task_description(task) for task in tasks}
+    check_trained_tasks(instructions, info, config.allow_unseen_tasks)
+    output = Path(config.output_dir)
+    image_size = config.image_size or image_size or 128
+    protocol = rollout_protocol(config, checkpoint, image_size, device.type, precision)
+    wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
+    partial = load_partial(output, protocol, config.resume, wanted)
+    earlier_wall = restore_timing(partial, actor.stats) if partial else 0.0
+    started = time.perf_counter()
+
+    def save_progress(finished: dict, pending: int) -> None:
+        wall = earlier_wall + time.perf_counter() - started
+        save_partial(output, protocol, finished, pending, actor.stats, wall)
+
+    finished = run_episodes(
+        actor,
+        instructions,
+        config,
+        image_size=image_size,
+        fps=int(info.get("fps") or 80),
+        kept=partial["episodes"] if partial else None,
+        on_episode=save_progress,
+    )
+    policy = getattr(actor, "type", "dvla")
+    wall = earlier_wall + time.perf_counter() - started
+    report = _report(config, checkpoint, policy, finished, actor.stats.summary(), wall)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "report.json").write_text(json.dumps(report, indent=2))
+    (output / PARTIAL_FILE).unlink(missing_ok=True)
+    (output / "report.md").write_text(format_report(report, relative_to=output))
+    return report
+
+
+def run_episodes(
+    actor,
+    instructions: dict[str, str],
+    config: RolloutConfig,
+    image_size: int,
+    fps: int,
+    kept: dict[str, list[dict]] | None = None,
+    on_episode=None,
+):
+    """Run `config.episodes` episodes of every task with `actor`; {task: [episode results]}.
+
+    Episodes in `kept` (a resumed rollout's, {task: [results]}) are kept and not run again;
+    `on_episode(finished, pending)` is called after each episode ends.
+    """
+    from tqdm import tqdm
+
+    from dvla.eval.video import compose_frame, write_mp4
+    from dvla.sim.env_pool import EnvPool
+    from dvla.sim.metaworld_env import CAMERAS, MetaWorldEnvConfig
+
+    tasks = list(instructions)
+    if any(c not in CAMERAS for c in actor.cameras):
+        raise ValueError(f"the policy's cameras {actor.cameras} are not all MetaWorld cameras {CAMERAS}")
+    env_config = MetaWorldEnvConfig(
+        task=tasks[0], cameras=list(actor.cameras), image_size=image_size, max_episode_steps=config.max_steps
+    )
+    video_dir = Path(config.video_dir) if config.video_dir else Path(config.output_dir) / "videos"
+    seeds = [config.seed_start + i for i in range(config.episodes)]
+    finished: dict[str, list[dict]] = {task: list((kept or {}).get(task, [])) for task in tasks}
+    ran = {(task, e["seed"]) for task, episodes in finished.items() for e in episodes}
+    jobs = deque(
+        (task, i, seed) for task in tasks for i, seed in enumerate(seeds) if (task, seed) not in ran
+    )  # task-major, so a worker rebuilds its environment rarely
+    if not jobs:
+        return finished
+    with (
+        EnvPool(min(config.workers, len(jobs)), env_config) as pool,
+        tqdm(total=len(jobs) + len(ran), initial=len(ran), desc="rollout", unit="episode") as bar,
+    ):
+        active: dict[int, Episode] = {}
+        observations: dict[int, dict] = {}
+
+        def start(slots) -> None:
+            resets = {}
+            for slot in slots:
+                if not jobs:
+                    break
+                task, index, seed = jobs.popleft()
+                film = index < config.videos_per_task
+                active[slot] = Episode(task, instructions[task], index, seed, frames=[] if film else None)
+                resets[slot] = (task, seed)
+            observations.update(pool.reset(resets))
+            for slot in resets:
+                actor.start(slot)
+                if active[slot].frames is not None:
+                    active[slot].frames.append(
+                        compose_frame(observations[slot]["images"], _caption(active[slot], False))
+                    )
+
+        start(range(pool.size))
+        while active:
+            texts = {slot: ep.instruction for slot, ep in active.items()}
+            actions = actor.act(list(active), observations, texts)
+            results = pool.step(actions)
+            done = []
+            for slot, result in results.items():
+                ep = active[slot]
+                ep.steps += 1
+                ep.success = ep.success or bool(result.info["success"])
+                observations[slot] = result.observation
+                over = ep.success or result.terminated or result.truncated
+                if ep.frames is not None:
+                    ep.frames.append(compose_frame(result.observation["images"], _caption(ep, over)))
+                if over:
+                    done.append(slot)
+            for slot in done:
+                ep = active.pop(slot)
+                video = None
+                if ep.frames is not None:
+                    ep.frames += [ep.frames[-1]] * int(HOLD_SECONDS * fps)
+                    name = f"{ep.task}_ep{ep.index:03d}_{'success' if ep.success else 'failure'}.mp4"
+                    video = str(write_mp4(video_dir / name, ep.frames, fps))
+                finished[ep.task].append(
+                    {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
+                )
+                bar.update(1)
+                if on_episode:
+                    on_episode(finished, len(jobs) + len(active))
+                total = sum(len(v) for v in finished.values())
+                bar.set_postfix(
+                    success=f"{sum(e['success'] for v in finished.values() for e in v) / total:.0%}"
+                )
+            start(done)
+    return finished
+
+
+def _report(config, checkpoint, policy: str, finished, timing: dict, wall_s: float) -> dict:
+    per_task = {}
+    for task, episodes in finished.items():
+        episodes.sort(key=lambda e: e["seed"])
+        wins = sum(e["success"] for e in episodes)
+        low, high = wilson_interval(wins, len(episodes))
+        lengths = [e["steps"] for e in episodes]
+        per_task[task] = {
+            "episodes": len(episodes),
+            "successes": wins,
+            "success_rate": wins / len(episodes),
+            "wilson95": [low, high],
+            "mean_length": float(np.mean(lengths)),
+            "mean_success_length": float(np.mean([e["steps"] for e in episodes if e["success"]]))
+            if wins
+            else None,
+            "seeds": [e["seed"] for e in episodes],
+            "successful_seeds": [e["seed"] for e in episodes if e["success"]],
+            "videos": [e["video"] for e in episodes if e["video"]],
+        }
+    wins = sum(t["successes"] for t in per_task.values())
+    trials = sum(t["episodes"] for t in per_task.values())
+    return {
+        "checkpoint": str(checkpoint),
+        "policy": policy,
+        "average_success": float(np.mean([t["success_rate"] for t in per_task.values()])),
+        "pooled": {"successes": wins, "episodes": trials, "wilson95": list(wilson_interval(wins, trials))},
+        "decode": {
+            "steps": config.decode.steps,
+            "autoregressive": config.decode.autoregressive,
+            "n_action_steps": config.n_action_steps,
+            **timing,
+        },
+        "wall_seconds": wall_s,
+        "per_task": per_task,
+        "config": draccus.encode(config),
+    }
+
+
+def format_report(report: dict, relative_to: Path | None = None) -> str:
+    """A markdown table of per-task success with Wilson intervals and video links."""
+    decode = report["decode"]
+    lines = [
+        f"# Rollout of `{report['checkpoint']}`",
+        "",
+        f"Average success **{report['average_success']:.1%}** over {len(report['per_task'])} task(s), "
+        f"{report['pooled']['episodes']} episodes (pooled 95% CI "
+        f"{report['pooled']['wilson95'][0]:.1%}-{report['pooled']['wilson95'][1]:.1%}). "
+        f"{_decoding(report)}, "
+        f"{decode['forwards_per_chunk'] or 0:.1f} forwards and {decode['ms_per_chunk']:.1f} ms per chunk "
+        f"(batched over {decode['mean_batch']:.1f} episodes on average). "
+        f"Wall time {report['wall_seconds']:.0f} s.",
+        "",
+        "| task | success | 95% CI | episodes | mean length | videos |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for task, t in report["per_task"].items():
+        videos = []
+        for v in t["videos"]:
+            path = Path(v)
+            link = path.relative_to(relative_to) if relative_to and path.is_relative_to(relative_to) else path
+            videos.append(f"[{path.stem.split('_')[-2]}]({link})")
+        lines.append(
+            f"| {task} | {t['success_rate']:.0%} | {t['wilson95'][0]:.0%}-{t['wilson95'][1]:.0%} | "
+            f"{t['episodes']} | {t['mean_length']:.0f} | {' '.join(videos)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _decoding(report: dict) -> str:
+    decode, policy = report["decode"], report.get("policy", "dvla")
+    if policy != "dvla":
+        return f"LeRobot {policy} policy"
+    return f"Decoding: {decode['steps']} step(s){' (autoregressive)' if decode['autoregressive'] else ''}"
+
+
+def run(config: RolloutConfig) -> dict:
+    report = rollout(config)
+    print(format_report(report))
+    print(f"report: {Path(config.output_dir) / 'report.json'}")
+    return report

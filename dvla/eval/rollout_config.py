@@ -1,0 +1,76 @@
+"""Configuration of `dvla rollout`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dvla.adapters import PolicyHooksConfig
+from dvla.backbone.decoder import DecodeConfig, action_decode_config
+from dvla.sim.tasks import EVAL_SEED_START
+from dvla.training.precision import check_precision
+
+
+@dataclass
+class RolloutConfig:
+    """Evaluate a checkpoint by MuJoCo rollouts with lerobot's MetaWorld protocol.
+
+    Examples:
+      dvla rollout --checkpoint outputs/train/mt10/checkpoints/step-00004000 --suite mt10 --episodes 20
+      dvla rollout --checkpoint CKPT --tasks reach-v3 --episodes 5 --decode.steps 2 --n_action_steps 4
+      dvla rollout --checkpoint CKPT --suite mt10 --output_dir outputs/rollout/run1 --resume  # after a stop
+    """
+
+    # A checkpoint folder written by `dvla train` (…/checkpoints/step-N).
+    checkpoint: str | None = None
+    # Comma-separated MetaWorld task names (or use --suite).
+    tasks: str | None = None
+    # A named suite instead of --tasks: mt10, mt50, easy, medium, hard, very_hard.
+    suite: str | None = None
+    # Episodes per task, on evaluation seeds seed_start, seed_start + 1, ... (never training seeds).
+    episodes: int = 10
+    seed_start: int = EVAL_SEED_START
+    # Episode step limit (MetaWorld allows at most 500); success = info["success"] at any step.
+    max_steps: int = 500
+    # Actions executed from each chunk before re-planning (receding horizon); None = half the chunk.
+    n_action_steps: int | None = None
+    # How action chunks are decoded; by default in one step (ACTION_DECODE_STEPS in backbone/decoder.py).
+    decode: DecodeConfig = field(default_factory=action_decode_config)
+    # Run-time hooks of the checkpoint's adapters, each off unless set, e.g. the held reading of
+    # MetaWorld's goal: --hooks.hold_reading.slices '[[36, 39]]' --hooks.hold_reading.plans 3
+    # (docs/adapters.md#held_reading).
+    hooks: PolicyHooksConfig = field(default_factory=PolicyHooksConfig)
+    # Environment worker processes; episodes run in parallel and the policy sees them as one batch.
+    workers: int = 2
+    # Render size; None = the checkpoint's vision.image_size.
+    image_size: int | None = None
+    # Where report.json, report.md and videos/ go.
+    output_dir: str = "outputs/rollout"
+    # Videos of the first N episodes of each task (0 = none); --video_dir overrides where they go.
+    videos_per_task: int = 2
+    video_dir: str | None = None
+    # Continue an interrupted rollout in output_dir (its partial.json): finished episodes are kept and
+    # only the rest run. The checkpoint and the decoding settings must be the same.
+    resume: bool = False
+    # Run tasks whose instruction the checkpoint never saw in training (zero-shot language).
+    allow_unseen_tasks: bool = False
+    # "bf16" autocast for the policy, "no" (fp32) or "auto" (bf16 where it is fast: GPUs and CPUs
+    # with AMX or AVX512-BF16; see `dvla.training.precision`).
+    mixed_precision: str = "auto"
+    # "auto" = cuda when available, else cpu.
+    device: str = "auto"
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required: a folder written by `dvla train`")
+        for name in ("episodes", "max_steps", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed_start < EVAL_SEED_START:
+            raise ValueError(
+                f"seed_start {self.seed_start} < {EVAL_SEED_START}: seeds below it are training seeds"
+            )
+        if not 1 <= self.max_steps <= 500:
+            raise ValueError(f"max_steps must be in [1, 500], got {self.max_steps}")
+        if self.videos_per_task < 0:
+            raise ValueError(f"videos_per_task must be >= 0, got {self.videos_per_task}")
+        self.mixed_precision = check_precision(self.mixed_precision)

@@ -1,0 +1,201 @@
+"""`dvla vqa`: answer a question about an image, or measure exact-match accuracy on a VQA split.
+
+Examples:
+  dvla vqa --checkpoint CKPT --image scene.png --question "how many objects are there?" --show_steps
+  dvla vqa --checkpoint CKPT --dataset outputs/vqa_scenes --split test
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dvla.backbone.decoder import DecodeConfig
+from dvla.checkpoint import resolve_checkpoint
+from dvla.processor import decode_answers
+from dvla.training.precision import autocast, check_precision, resolve_precision
+from dvla.types import VQA_CAMERA
+
+MASK_SHOWN = "_"
+EXAMPLES = 10  # the first questions of a split, saved with their images for a look
+
+
+@dataclass
+class VQAConfig:
+    """Answer questions about images with a checkpoint trained on VQA scenes (alone or co-trained)."""
+
+    # A checkpoint folder written by `dvla train`.
+    checkpoint: str | None = None
+    # One image file and one question ...
+    image: str | None = None
+    question: str | None = None
+    # ... or a VQA scenes dataset folder and split, for accuracy overall and per question type.
+    dataset: str | None = None
+    split: str = "test"
+    # Only the first N questions of the split (None = all).
+    limit: int | None = None
+    batch_size: int = 32
+    # Print the answer block after every denoising step (which tokens were filled in when).
+    show_steps: bool = False
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    # Where the accuracy report goes (JSON); None = <output_dir>/vqa_<split>.json.
+    output_dir: str = "outputs/vqa"
+    # "bf16" autocast, "no" (fp32) or "auto" (bf16 where the CPU runs it natively; `dvla.training.precision`).
+    mixed_precision: str = "auto"
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required: a folder written by `dvla train`")
+        single = self.image is not None or self.question is not None
+        if single == (self.dataset is not None):
+            raise ValueError("give either --image and --question, or --dataset (with --split)")
+        if single and (self.image is None or not self.question):
+            raise ValueError("--image and --question go together")
+        if self.batch_size < 1 or (self.limit is not None and self.limit < 1):
+            raise ValueError("batch_size and limit must be >= 1")
+        self.mixed_precision = check_precision(self.mixed_precision)
+
+
+def load_vqa_policy(checkpoint: str, decode: DecodeConfig):
+    from dvla.policy import DiffusionVLAPolicy, PolicyConfig
+
+    policy = DiffusionVLAPolicy.from_pretrained(checkpoint, PolicyConfig(answer_decode=decode))
+    if VQA_CAMERA not in policy.model.config.vision.cameras:
+        raise ValueError(
+            f"{checkpoint} was not trained on VQA scenes (its cameras are "
+            f"{policy.model.config.vision.cameras}, no {VQA_CAMERA!r}); train with --vqa.root"
+        )
+    return policy
+
+
+def load_image(path: str) -> torch.Tensor:
+    """An image file -> (1, 3, H, W) float in [0, 1]."""
+    from PIL import Image
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no image file {path}")
+    array = np.array(Image.open(path).convert("RGB"))  # a writable copy
+    return torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255
+
+
+def _save_image(image: torch.Tensor, path: Path) -> Path:
+    """(3, H, W) float in [0, 1] -> PNG."""
+    from PIL import Image
+
+    pixels = (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def format_steps(tokenizer, history: list[torch.Tensor], mask_id: int) -> list[str]:
+    """One line per denoising step: the answer block (B=1) with hidden tokens as '_' and new ones marked."""
+    lines, before = [], None
+    for step, block in enumerate(history, start=1):
+        ids = block[0].tolist()
+        shown = []
+        for k, token in enumerate(ids):
+            text = MASK_SHOWN if token == mask_id else tokenizer.convert_ids_to_tokens(token)
+            new = token != mask_id and (before is None or before[k] != token)
+            shown.append(f"[{text}]" if new else text)
+        lines.append(f"step {step}: {' '.join(shown)}")
+        before = ids
+    return lines
+
+
+def answer_one(config: VQAConfig) -> str:
+    policy = load_vqa_policy(config.checkpoint, config.decode)
+    images = {VQA_CAMERA: load_image(config.image)}
+    decode = DecodeConfig(**{**vars(config.decode), "record_history": config.show_steps})
+    with _autocast(config):
+        obs = policy.observation(images, [config.question], None)
+        result = policy.model.answer(obs, decode)
+    if config.show_steps:
+        print("\n".join(format_steps(policy.tokenizer, result.history, policy.model.mask_id)))
+    return decode_answers(policy.tokenizer, result.tokens)[0]
+
+
+def normalise(answer: str) -> str:
+    return " ".join(answer.lower().split())
+
+
+def evaluate(config: VQAConfig) -> dict:
+    """Exact-match accuracy on a split, overall and per question type."""
+    from torch.utils.data import DataLoader, Subset
+    from tqdm import tqdm
+
+    from dvla.data import VQAScenes, collate
+
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    policy = load_vqa_policy(checkpoint, config.decode)
+    data = VQAScenes(config.dataset, config.split)
+    if config.limit:
+        data = Subset(data, range(min(config.limit, len(data))))
+    loader = DataLoader(data, batch_size=config.batch_size, collate_fn=collate)
+    right, total = defaultdict(int), defaultdict(int)
+    mistakes, examples = [], []
+    with _autocast(config):
+        for batch in tqdm(loader, desc=f"vqa {config.split}", unit="batch"):
+            answers = policy.answer(batch["images"], batch["question"])
+            for q, truth, got, kind in zip(
+                batch["question"], batch["answer"], answers, batch["question_type"], strict=True
+            ):
+                ok = normalise(got) == normalise(truth)
+                right[kind] += ok
+                total[kind] += 1
+                if len(examples) < EXAMPLES:
+                    examples.append({"question": q, "answer": truth, "predicted": got})
+                if not ok and len(mistakes) < 20:
+                    mistakes.append({"question": q, "answer": truth, "predicted": got})
+    from dvla.eval.metrics import wilson_interval
+
+    n, k = sum(total.values()), sum(right.values())
+    report = {
+        "checkpoint": str(checkpoint),
+        "dataset": config.dataset,
+        "split": config.split,
+        "questions": n,
+        "exact_match": k / n,
+        "wilson95": list(wilson_interval(k, n)),
+        "per_type": {t: {"questions": total[t], "exact_match": right[t] / total[t]} for t in sorted(total)},
+        "decode_steps": config.decode.steps,
+        "examples": examples,
+        "mistakes": mistakes,
+    }
+    out = Path(config.output_dir)
+    (out / "examples").mkdir(parents=True, exist_ok=True)
+    for i, example in enumerate(examples):
+        example["image"] = str(_save_image(data[i]["images"][VQA_CAMERA], out / "examples" / f"{i}.png"))
+    (out / f"vqa_{config.split}.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def format_accuracy(report: dict) -> str:
+    lines = [
+        f"VQA {report['split']}: exact match {report['exact_match']:.1%} on {report['questions']} questions "
+        f"(95% CI {report['wilson95'][0]:.1%}-{report['wilson95'][1]:.1%})",
+        "| question type | questions | exact match |",
+        "| --- | ---: | ---: |",
+    ]
+    lines += [f"| {t} | {v['questions']} | {v['exact_match']:.1%} |" for t, v in report["per_type"].items()]
+    return "\n".join(lines)
+
+
+def _autocast(config: VQAConfig):
+    cpu = torch.device("cpu")
+    return autocast(resolve_precision(config.mixed_precision, cpu), cpu)
+
+
+def run(config: VQAConfig):
+    if config.dataset is not None:
+        report = evaluate(config)
+        print(format_accuracy(report))
+        print(f"report: {Path(config.output_dir) / f'vqa_{config.split}.json'}")
+        return report
+    answer = answer_one(config)
+    print(f"Q: {config.question}\nA: {answer}")
+    return answer
