@@ -1,0 +1,27 @@
+"""Images and batches: resizing and collating samples."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def resize_image(image: torch.Tensor, size: int | None) -> torch.Tensor:
+    """(3, H, W) float -> (3, size, size); unchanged when size is None or already right."""
+    if size is None or image.shape[-2:] == (size, size):
+        return image
+    return F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0].clamp(0, 1)
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack tensors (and dicts of tensors); keep strings as lists."""
+    out = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if isinstance(values[0], dict):
+            out[key] = {k: torch.stack([v[k] for v in values]) for k in values[0]}
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            out[key] = values
+    return out
