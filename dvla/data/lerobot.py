@@ -179,5 +179,3 @@ class LeRobotChunks(torch.utils.data.Dataset):
         if self.config.sim_state_key:
             sample["sim_state"] = item[self.config.sim_state_key].reshape(-1).float()  # (E,)
         return sample
-
-

@@ -50,5 +50,3 @@ def sim_state_stats(values: np.ndarray) -> dict[str, np.ndarray]:
     stats = stats_of(values)
     stats["q99"] = np.maximum(stats["q99"], stats["q01"] + SIM_STATE_MIN_SPAN)
     return stats
-
-

@@ -48,7 +48,9 @@ class VQAScenes(torch.utils.data.Dataset):
         self.targets = dict(targets or {})
         unknown = set(self.targets) - set(TARGETS)
         if unknown:
-            raise ValueError(f"VQA scenes have no target(s) {sorted(unknown)}; they provide {sorted(TARGETS)}")
+            raise ValueError(
+                f"VQA scenes have no target(s) {sorted(unknown)}; they provide {sorted(TARGETS)}"
+            )
 
     def with_targets(self, targets: dict[str, dict]) -> VQAScenes:
         """The same split, providing `targets` too."""
@@ -169,5 +171,3 @@ def collate_by_image(samples: list[dict]) -> dict:
         out["referents"] = torch.cat([s["referents"] for s in samples])  # (B, 2, 4)
     out["image_index"] = torch.repeat_interleave(torch.arange(len(samples)), counts)  # (B,)
     return out
-
-
