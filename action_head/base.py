@@ -112,6 +112,9 @@ class ActionHead(nn.Module):
         """hidden (B, T, d) of the target block -> the head's loss and its metrics."""
         raise NotImplementedError
 
+    def check_decode(self, decode: DecodeConfig) -> None:
+        """Refuse decoding settings this head cannot honour (names the limit)."""
+
     def sample(
         self, backbone: Backbone, decode: DecodeConfig, generator=None, use_cache: bool = True
     ) -> tuple[torch.Tensor, int]:

@@ -94,6 +94,13 @@ class DiscreteHead(ActionHead):
         logits = self.vocab.bin_logits(hidden)  # (B, H*D, bins)
         return masked_diffusion_loss(logits, x["bins"], x["masked"] & x["valid"], x["t"], x["valid"])
 
+    def check_decode(self, decode: DecodeConfig) -> None:
+        n = self.target_length  # each step reveals at least one token
+        if not decode.autoregressive and decode.steps > n:
+            raise ValueError(
+                f"decode.steps {decode.steps} > the {n} action tokens of a chunk: use at most {n}"
+            )
+
     def sample(self, backbone: Backbone, decode_config: DecodeConfig, generator=None, use_cache=True):
         h, d = self.spec.chunk_size, self.spec.action_dim
         device = backbone.prefix.valid.device

@@ -39,6 +39,7 @@ def save_checkpoint(
     """Save everything needed to rebuild `model` exactly; `stats` maps feature -> {stat: array};
     `training` is JSON-able facts about the training data (tasks, dataset, fps), see checkpoint_info."""
     path = Path(path)
+    check_finite(model.state_dict(), "refusing to save")
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -75,39 +76,82 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def checkpoint_format(path: str | Path) -> int:
-    return int(json.loads((resolve_checkpoint(path) / CONFIG_FILE).read_text()).get("format_version", 0))
+    return int(read_json(resolve_checkpoint(path) / CONFIG_FILE).get("format_version", 0))
 
 
 def checkpoint_info(path: str | Path) -> dict:
     """What the checkpoint was trained on: {"tasks": [instructions], "dataset": ..., "fps": ...}
     (empty for checkpoints saved without it)."""
     path = resolve_checkpoint(path)
-    return json.loads((path / CONFIG_FILE).read_text()).get("training", {})
+    return read_json(path / CONFIG_FILE).get("training", {})
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint (any format)."""
+    """Rebuild (model, tokenizer, stats) from a folder written by save_checkpoint (any format).
+    A damaged or missing part is named, with what to do."""
     from transformers import AutoTokenizer
 
     path = resolve_checkpoint(path)
-    config = json.loads((path / CONFIG_FILE).read_text())
+    config = read_json(path / CONFIG_FILE)
     version = config.get("format_version")
     if version not in (1, FORMAT_VERSION):
         raise ValueError(f"{path}: checkpoint format {version}, this dvla reads 1 to {FORMAT_VERSION}")
-    config, state = migrate(config, load_file(str(path / WEIGHTS_FILE)), version)
+    missing = [key for key in ("model", "text", "backbone") if key not in config]
+    if missing:
+        raise ValueError(f"{path / CONFIG_FILE} has no {missing}: {DAMAGED}")
+    config, state = migrate(config, read_weights(path / WEIGHTS_FILE), version)
     model_config = draccus.decode(DiffusionVLAConfig, config["model"])
     if model_config.type != "dvla":
         raise ValueError(f"{path}: a {model_config.type!r} checkpoint, not a dvla one")
     backbone_config = DiffusionLMConfig.from_dict(config["backbone"])
     model = DiffusionVLA(model_config, TextSpecials(**config["text"]), backbone_config)
     _load_weights(model, state, path)
+    if not (path / TOKENIZER_DIR / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"{path / TOKENIZER_DIR} is missing or incomplete: {DAMAGED}")
     tokenizer = AutoTokenizer.from_pretrained(path / TOKENIZER_DIR)
     stats = {
         k: {s: np.asarray(v, dtype=np.float64) for s, v in feature.items()}
-        for k, feature in json.loads((path / STATS_FILE).read_text()).items()
+        for k, feature in read_json(path / STATS_FILE).items()
     }
-    model.bind_stats(stats)
+    model.bind_stats(stats)  # units some adapters keep as buffers come from the statistics
+    check_finite(model.state_dict(), path / WEIGHTS_FILE)
     return model.to(device).eval(), tokenizer, stats
+
+
+DAMAGED = "the checkpoint is damaged; use another one (e.g. an earlier step) or save it again"
+
+
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file, or an error that names it."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: {DAMAGED}")
+    try:
+        value = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): {DAMAGED}") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a {type(value).__name__}, not an object: {DAMAGED}")
+    return value
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's safetensors file, or an error that names it."""
+    from safetensors import SafetensorError
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: {DAMAGED}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{path} cannot be read ({err}; {path.stat().st_size} bytes): {DAMAGED}") from err
+
+
+def check_finite(state: dict[str, torch.Tensor], where) -> None:
+    """Every floating-point tensor is finite, or an error names the first one that is not."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{where}: {name} holds {bad} NaN or inf value(s); these weights cannot act")
 
 
 def _load_weights(model: DiffusionVLA, state: dict[str, torch.Tensor], path: Path) -> None:

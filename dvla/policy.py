@@ -8,7 +8,7 @@ into batches with `dvla.processor.Processor` directly.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -48,6 +48,10 @@ class DiffusionVLAPolicy:
         self.n_action_steps = self.config.n_action_steps or max(1, chunk // 2)
         if self.n_action_steps > chunk:
             raise ValueError(f"n_action_steps must be in [1, chunk_size={chunk}], got {self.n_action_steps}")
+        model.head.check_decode(self.config.decode)  # too many steps for a chunk is an error
+        # an answer block fills in at most one step per token: the steps that really run
+        answer = self.config.answer_decode
+        self.answer_decode = replace(answer, steps=min(answer.steps, model.config.answer_tokens))
         self.processor = Processor(tokenizer, stats, model.config, self.device)
         model.bind_stats(stats)  # the units adapters read positions in are the policy's statistics
         self.acts = self.processor.acts  # a VQA-only checkpoint has no robot stats and cannot act
@@ -123,4 +127,4 @@ class DiffusionVLAPolicy:
         """Answers to questions about images (one question per image)."""
         self.model.eval()
         obs = self.observation(images, questions, None)
-        return self.processor.answers(self.model.answer(obs, decode or self.config.answer_decode).tokens)
+        return self.processor.answers(self.model.answer(obs, decode or self.answer_decode).tokens)

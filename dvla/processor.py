@@ -4,6 +4,8 @@ policy share it)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -23,6 +25,13 @@ def encode_text(tokenizer, texts: list[str], max_tokens: int) -> tuple[torch.Ten
     length = max(1, min(max_tokens, max(len(ids) for ids in encoded)))
     ids = torch.full((len(texts), length), tokenizer.pad_token_id, dtype=torch.long)
     valid = torch.zeros(len(texts), length, dtype=torch.bool)
+    longest = max(len(ids) for ids in encoded)
+    if longest > max_tokens:
+        warnings.warn(
+            f"a text of {longest} tokens is cut to the model's max_text_tokens={max_tokens}: "
+            f"{texts[[len(ids) for ids in encoded].index(longest)][:60]!r}...",
+            stacklevel=2,
+        )
     for i, seq in enumerate(encoded):
         seq = seq[:length]  # longer text is cut to max_tokens
         ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)

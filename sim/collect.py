@@ -171,12 +171,16 @@ def collect_metaworld(
         failed = {(f["task"], int(f["seed"])) for f in _read_failures(work / "failures.jsonl")}
         scheduler = SeedScheduler(spec.tasks, spec.episodes, recorded, failed, seed_start=spec.seed_start)
         start = time.perf_counter()
-        previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-        try:
-            _run_workers(spec, work, scheduler, workers, episodes_per_part)
-        except KeyboardInterrupt:
+
+        def save_elapsed():
             elapsed = elapsed_before + time.perf_counter() - start
             write_json_atomic(work / "state.json", {"spec": asdict(spec), "elapsed_s": elapsed})
+
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        try:
+            _run_workers(spec, work, scheduler, workers, episodes_per_part, save_elapsed)
+        except KeyboardInterrupt:
+            save_elapsed()
             done = sum(len(e) for _, e in finished_parts(parts_dir))
             raise SystemExit(
                 f"\ninterrupted: {done} finished episodes are kept in {work}. "
@@ -217,8 +221,10 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def _run_workers(
-    spec: MetaWorldCollectSpec, work: Path, scheduler: SeedScheduler, workers: int, per_part: int
+    spec: MetaWorldCollectSpec, work: Path, scheduler: SeedScheduler, workers: int, per_part: int, on_episode
 ):
+    """Run the episodes in worker processes; `on_episode()` after each (records the elapsed time, so
+    a resume after a hard kill still counts the time spent before it)."""
     ctx = mp.get_context("spawn")  # a fresh process per worker: each owns its GL context
     jobs, results, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = []
@@ -247,6 +253,7 @@ def _run_workers(
                     continue
                 _, task, seed, success, length, error = message
                 scheduler.done(task, seed, success, length)
+                on_episode()
                 if success:
                     bar.update(1)
                 else:

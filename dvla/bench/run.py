@@ -28,6 +28,7 @@ from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
 from dvla.eval.metrics import episode_outcomes, paired_comparison, wilson_interval
 from dvla.eval.rollout import resolve_device
 from dvla.eval.rollout_config import RolloutConfig
+from dvla.locks import exclusive_output
 from dvla.model import DiffusionVLA
 
 
@@ -275,6 +276,11 @@ class Bench:
 
 
 def run(config: BenchConfig) -> dict:
+    with exclusive_output(config.output_dir, "dvla bench"):
+        return _run(config)
+
+
+def _run(config: BenchConfig) -> dict:
     bench = Bench(config)
     order = ["throughput", "decode", "heads", "peers", "latency"]  # peers before latency (it times them)
     for section in order:

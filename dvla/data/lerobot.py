@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from dvla.data.finite import bad_episodes, check_stats_finite, nonfinite_frames
 from dvla.data.frame_cache import FrameCache
 from dvla.data.images import resize_image
 from dvla.data.stats import low_dim_stats
@@ -51,6 +53,9 @@ class LeRobotDataConfig:
     # Decode every frame once before training and keep it in RAM as uint8 (frames x cameras x 3 x
     # image_size^2 bytes). Epochs then cost no video decoding: much faster on CPU for small datasets.
     cache_frames: bool = False
+    # Episodes with a NaN or inf in the state, the actions or the simulator state are an error that
+    # names them; true drops those episodes instead (with a warning).
+    drop_nonfinite_episodes: bool = False
 
     def __post_init__(self):
         if not self.root and not self.repo_id:
@@ -143,21 +148,44 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.sim_state_dim = int(np.prod(features[sim_key]["shape"])) if sim_key else 0
         delta = {config.action_key: [i / meta.fps for i in range(config.chunk_size)]}
         selected_episodes = select_episodes(config, meta)
-        self.dataset = LeRobotDataset(
-            repo_id,
-            root=config.root,
-            episodes=selected_episodes,
-            delta_timestamps=delta,
-            video_backend=config.video_backend,
-        )
+
+        def open_dataset(episodes):
+            return LeRobotDataset(
+                repo_id, root=config.root, episodes=episodes, delta_timestamps=delta,
+                video_backend=config.video_backend,
+            )  # fmt: skip
+
+        self.dataset = open_dataset(selected_episodes)
         episodes = selected_episodes if selected_episodes is not None else range(meta.total_episodes)
+        keys = [key for _, key in roles]
+        found = nonfinite_frames(self.dataset.hf_dataset, keys)
+        if found:
+            episodes = self._drop_nonfinite(found, episodes)
+            self.dataset = open_dataset(episodes)
         # the tasks of the selected episodes, in the dataset's order
         selected = {task for e in episodes for task in meta.episodes[int(e)]["tasks"]}
         self.tasks = [task for task in meta.tasks.index if task in selected]
         self.stats = low_dim_stats(self.dataset, config.state_key, config.action_key, sim_key)
+        check_stats_finite(self.stats, config.root or config.repo_id)
         self.cache = None
         if config.cache_frames:
             self.cache = FrameCache(self, num_workers=min(4, os.cpu_count() or 1))
+
+    def _drop_nonfinite(self, found: list, episodes) -> list[int]:
+        """The episodes without non-finite values, or an error naming where they are."""
+        where = self.config.root or self.config.repo_id
+        lines = "; ".join(item.describe() for item in found)
+        if not self.config.drop_nonfinite_episodes:
+            raise ValueError(
+                f"{where}: {lines}. Fix the data, or drop these episodes with "
+                "--dataset.drop_nonfinite_episodes true"
+            )
+        bad = bad_episodes(found)
+        kept = [int(e) for e in episodes if int(e) not in bad]
+        if not kept:
+            raise ValueError(f"{where}: every selected episode has non-finite values ({lines})")
+        warnings.warn(f"{where}: dropped {len(bad)} episode(s) {sorted(bad)[:10]}: {lines}", stacklevel=3)
+        return kept
 
     def __len__(self) -> int:
         return len(self.dataset)

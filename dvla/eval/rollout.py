@@ -21,6 +21,7 @@ import torch
 from dvla.eval.metrics import wilson_interval
 from dvla.eval.progress import PARTIAL_FILE, load_partial, restore_timing, rollout_protocol, save_partial
 from dvla.eval.rollout_config import RolloutConfig
+from dvla.locks import exclusive_output
 from dvla.training.precision import autocast as precision_autocast
 from dvla.training.precision import resolve_precision
 
@@ -92,6 +93,12 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
 
 
 def rollout(config: RolloutConfig) -> dict:
+    """Run the episodes, holding output_dir for this run (one report and one videos/ per folder)."""
+    with exclusive_output(config.output_dir, "dvla rollout"):
+        return _rollout(config)
+
+
+def _rollout(config: RolloutConfig) -> dict:
     from dvla.sim.tasks import resolve_tasks, task_description
 
     tasks = resolve_tasks(config.tasks, config.suite)

@@ -71,6 +71,8 @@ class RolloutConfig:
             )
         if not 1 <= self.max_steps <= 500:
             raise ValueError(f"max_steps must be in [1, 500], got {self.max_steps}")
+        if self.image_size is not None and self.image_size < 8:
+            raise ValueError(f"image_size must be >= 8 (or unset: the checkpoint's), got {self.image_size}")
         if self.videos_per_task < 0:
             raise ValueError(f"videos_per_task must be >= 0, got {self.videos_per_task}")
         self.mixed_precision = check_precision(self.mixed_precision)

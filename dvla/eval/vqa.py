@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ import torch
 
 from dvla.backbone.decoder import DecodeConfig
 from dvla.checkpoint import resolve_checkpoint
+from dvla.locks import exclusive_output
 from dvla.processor import decode_answers
 from dvla.training.precision import autocast, check_precision, resolve_precision
 from dvla.types import VQA_CAMERA
@@ -75,11 +76,14 @@ def load_vqa_policy(checkpoint: str, decode: DecodeConfig):
 
 def load_image(path: str) -> torch.Tensor:
     """An image file -> (1, 3, H, W) float in [0, 1]."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"no image file {path}")
-    array = np.array(Image.open(path).convert("RGB"))  # a writable copy
+    try:
+        array = np.array(Image.open(path).convert("RGB"))  # a writable copy
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"{path} is not an image PIL can read (PNG, JPEG, ...): {err}") from err
     return torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255
 
 
@@ -110,7 +114,7 @@ def format_steps(tokenizer, history: list[torch.Tensor], mask_id: int) -> list[s
 def answer_one(config: VQAConfig) -> str:
     policy = load_vqa_policy(config.checkpoint, config.decode)
     images = {VQA_CAMERA: load_image(config.image)}
-    decode = DecodeConfig(**{**vars(config.decode), "record_history": config.show_steps})
+    decode = replace(policy.answer_decode, record_history=config.show_steps)
     with _autocast(config):
         obs = policy.observation(images, [config.question], None)
         result = policy.model.answer(obs, decode)
@@ -124,7 +128,12 @@ def normalise(answer: str) -> str:
 
 
 def evaluate(config: VQAConfig) -> dict:
-    """Exact-match accuracy on a split, overall and per question type."""
+    """Exact-match accuracy on a split, overall and per question type (holding output_dir)."""
+    with exclusive_output(config.output_dir, "dvla vqa"):
+        return _evaluate(config)
+
+
+def _evaluate(config: VQAConfig) -> dict:
     from torch.utils.data import DataLoader, Subset
     from tqdm import tqdm
 
@@ -162,7 +171,7 @@ def evaluate(config: VQAConfig) -> dict:
         "exact_match": k / n,
         "wilson95": list(wilson_interval(k, n)),
         "per_type": {t: {"questions": total[t], "exact_match": right[t] / total[t]} for t in sorted(total)},
-        "decode_steps": config.decode.steps,
+        "decode_steps": policy.answer_decode.steps,  # at most one per answer token
         "examples": examples,
         "mistakes": mistakes,
     }

@@ -115,6 +115,9 @@ class TrainConfig:
     # "bf16" autocast, "no" (fp32) or "auto": bf16 on a GPU or a CPU with native bf16 (AMX,
     # AVX512-BF16), fp32 on other CPUs, where emulated bf16 is ~10x slower (`dvla.precision`).
     mixed_precision: str = "auto"
+    # A step whose loss or gradient is NaN or inf is skipped (the weights stay as they were); this
+    # many such steps in a row stop training with an error, and a checkpoint never holds NaN weights.
+    max_nonfinite_steps: int = 5
     # Log loss, learning rate and samples/s to TensorBoard under <output_dir>/logs.
     tensorboard: bool = True
     # Also log to Weights & Biases (needs `pip install wandb` and a login; off by default).
@@ -138,6 +141,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "save_every", "keep_last", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in (0, 1), got {self.ema_decay}")
         self.mixed_precision = check_precision(self.mixed_precision)

@@ -3,8 +3,10 @@ process by default, `accelerate launch` for DDP/FSDP), atomic checkpoints and ex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +27,7 @@ from dvla.data import (
     robot_dataset,
 )
 from dvla.data.mixing import PERCEPTION, ROBOT, VQA, MixedBatches, make_loader, mixing_ratio
+from dvla.locks import exclusive_output
 from dvla.model import DiffusionVLA, TextSpecials
 from dvla.processor import Processor
 from dvla.training.checks import check_fits, check_perception_fits, note_shared_norm_stats
@@ -93,6 +96,13 @@ def checkpoint_dirs(output_dir: Path) -> list[Path]:
 
 
 def train(config: TrainConfig) -> TrainResult:
+    """Train, holding output_dir for this run (the main process of a multi-process run holds it)."""
+    main = int(os.environ.get("RANK", "0")) == 0
+    with exclusive_output(config.output_dir, "dvla train") if main else contextlib.nullcontext():
+        return _train(config)
+
+
+def _train(config: TrainConfig) -> TrainResult:
     from accelerate.utils import set_seed
 
     output = Path(config.output_dir)
@@ -106,7 +116,9 @@ def train(config: TrainConfig) -> TrainResult:
     set_seed(config.seed)
     start_step, state = 0, None
     if config.resume and existing:
-        model, tokenizer, stats, start_step, state = _resume(config, output, existing[-1])
+        model, tokenizer, stats, start_step, state = _resume_latest_intact(
+            config, output, existing, accelerator
+        )
     else:
         model, tokenizer = _new_model(config, data, accelerator)
         stats = data.robot.stats if data.robot else {}
@@ -176,19 +188,38 @@ def _accelerator(config: TrainConfig, output: Path, ratio: float):
     return accelerator
 
 
-def _resume(config: TrainConfig, output: Path, last: Path):
-    """(model, tokenizer, stats, step, training state) of the run's last checkpoint."""
-    if checkpoint_format(last) != 2:
-        raise ValueError(
-            f"{last} is a format-{checkpoint_format(last)} checkpoint (before adapters): its optimizer state "
-            "cannot be resumed. Start a new run from its weights with --init_from "
-            f"{last} and another output_dir"
-        )
-    model, tokenizer, stats = load_checkpoint(last)
-    step = int(json.loads((last / STEP_FILE).read_text())["step"])
-    state = torch.load(last / TRAINING_STATE, weights_only=True)
+def _resume_latest_intact(config: TrainConfig, output: Path, existing: list[Path], accelerator):
+    """(model, tokenizer, stats, step, training state) of the newest checkpoint that loads; a damaged
+    newer one is set aside (renamed broken-step-N, never deleted) with a warning."""
     _check_resume_config(config, output)
-    return model, tokenizer, stats, step, state
+    for last in reversed(existing):
+        try:
+            version = checkpoint_format(last)
+        except (ValueError, FileNotFoundError) as err:
+            _set_aside(last, err, accelerator)
+            continue
+        if version != 2:
+            raise ValueError(
+                f"{last} is a format-{version} checkpoint (before adapters): its optimizer state cannot be "
+                f"resumed. Start a new run from its weights with --init_from {last} and another output_dir"
+            )
+        try:
+            model, tokenizer, stats = load_checkpoint(last)
+            step = int(json.loads((last / STEP_FILE).read_text())["step"])
+            state = torch.load(last / TRAINING_STATE, weights_only=True)
+        except Exception as err:  # a damaged file fails in many ways (IndexError from a torn pickle...)
+            _set_aside(last, err, accelerator)
+            continue
+        return model, tokenizer, stats, step, state
+    raise FileNotFoundError(f"no intact checkpoint left in {output / CHECKPOINTS} to resume from")
+
+
+def _set_aside(path: Path, err: BaseException, accelerator) -> None:
+    aside = path.with_name(f"broken-{path.name}")
+    if accelerator.is_main_process:
+        path.rename(aside)
+    accelerator.wait_for_everyone()
+    accelerator.print(f"warning: {path} is damaged ({err}); set aside as {aside.name}, trying the one before")
 
 
 def _new_model(config: TrainConfig, data: RunData, accelerator):
@@ -252,6 +283,10 @@ class _Run:
         self.losses: dict[str, float] = {}  # the head's loss per source
         self.aux: dict[str, float] = {}  # the adapters' metrics ("<adapter>/<metric>")
         self.samples, self.started = 0, time.perf_counter()
+        self.nonfinite = 0  # skipped steps in a row (NaN or inf loss or gradient)
+        # running statistics (batch norm) change in the forward pass: a skipped step restores them
+        unwrapped = accelerator.unwrap_model(model)
+        self.buffers = [b for b in unwrapped.buffers() if b.is_floating_point()]
 
     def steps(self, start: int, stop: int, output: Path, checkpoint_parts) -> Saved:
         from tqdm import tqdm
@@ -261,7 +296,7 @@ class _Run:
         bar = tqdm(range(start, stop), initial=start, total=config.steps, desc="train",
                    disable=not accelerator.is_main_process)  # fmt: skip
         for step in bar:
-            self._step()
+            self._step(step)
             lr = self.schedule.get_last_lr()[0]
             rate = self.samples / (time.perf_counter() - self.started)
             shown = {("loss" if k == ROBOT else "vqa_loss"): f"{v:.3f}" for k, v in self.losses.items()}
@@ -277,12 +312,14 @@ class _Run:
         saved.last_loss = self.losses.get(ROBOT, self.losses.get(VQA, float("nan")))
         return saved
 
-    def _step(self) -> None:
+    def _step(self, step: int) -> None:
         config, accelerator, model = self.config, self.accelerator, self.model
+        sources, buffers = [], [b.detach().clone() for b in self.buffers]
         for _ in range(config.grad_accum):
             source, sample = next(self.batches)
             batch = self.processor.vqa_batch(sample) if source == VQA else self.processor.action_batch(sample)
             self.samples += batch.observation.batch_size * accelerator.num_processes
+            sources.append(source)
             with accelerator.autocast():
                 loss, metrics = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
@@ -290,12 +327,32 @@ class _Run:
             main = [metrics[k] for k in MAIN_LOSSES if k in metrics]
             self.losses[source] = main[0] if main else float(loss.detach())
             self.aux.update({k: v for k, v in metrics.items() if "/" in k})
-        accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        norm = accelerator.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        if not torch.isfinite(torch.as_tensor(norm)):  # the same on every rank: gradients are synced
+            with torch.no_grad():
+                for buffer, before in zip(self.buffers, buffers, strict=True):
+                    buffer.copy_(before)
+            self._skip(step, sources)
+            return
+        self.nonfinite = 0
         self.opt.step()
         self.schedule.step()
         self.opt.zero_grad()
         if self.ema is not None:
             self.ema.update_parameters(accelerator.unwrap_model(model))
+
+    def _skip(self, step: int, sources: list[str]) -> None:
+        """Leave the weights as they are after a NaN or inf gradient; stop after too many in a row."""
+        self.opt.zero_grad()
+        self.schedule.step()  # the schedule keeps its place, as a resumed run expects
+        self.nonfinite += 1
+        what = f"step {step + 1}: the loss or gradient is NaN or inf (batches from {sorted(set(sources))})"
+        if self.nonfinite >= self.config.max_nonfinite_steps:
+            raise RuntimeError(
+                f"{what}, {self.nonfinite} steps in a row; stopped without saving. Check the data "
+                "(NaN or huge values), lower optim.lr, or try --mixed_precision no"
+            )
+        self.accelerator.print(f"warning: {what}; step skipped, weights unchanged")
 
     def _save(self, output: Path, step: int, tokenizer, stats, info) -> Path:
         """Write step-N atomically (save_checkpoint renames a finished folder into place), keep the

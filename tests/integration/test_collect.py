@@ -200,6 +200,8 @@ def test_resume_after_interruption_keeps_finished_episodes(tmp_path):
     lock.close()
     kept = [json.loads(m.read_text())[0]["seed"] for m in parts.glob(f"*/{PART_MANIFEST}")]
     assert kept, "no part was finished before the kill"
+    before_kill = json.loads((root / WORK_DIR / "state.json").read_text())["elapsed_s"]
+    assert before_kill > 0  # recorded after each episode, so a hard kill keeps it
     (parts / "part-torn").mkdir()  # a part cut off mid-write (no manifest) must be dropped
 
     # without --resume the folder is protected
@@ -219,6 +221,7 @@ def test_resume_after_interruption_keeps_finished_episodes(tmp_path):
     report = json.loads((root / "meta" / REPORT_FILE).read_text())
     assert report["per_task"]["reach-v3"]["episodes"] == 4
     assert report["episodes_at_start"] == len(kept)  # finished episodes were kept, not recorded again
+    assert report["elapsed_s"] > before_kill  # the time before the kill counts
     # the reach expert always succeeds, so the seeds are exactly 0..3, each once
     assert report["per_task"]["reach-v3"]["seeds"] == [0, 1, 2, 3]
     frames_per_episode = np.bincount(np.asarray(ds.hf_dataset["episode_index"]))
