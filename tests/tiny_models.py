@@ -8,6 +8,7 @@ import torch
 from dvla.action_head import DiscreteHeadConfig, FlowHeadConfig, HeadConfig
 from dvla.adapters import AdaptersConfig
 from dvla.model import BackboneSize, DiffusionVLA, DiffusionVLAConfig, TextSpecials
+from dvla.training.precision import autocast, resolve_precision
 from dvla.types import fake_action_batch, fake_observation
 from dvla.vision import VisionConfig
 
@@ -70,11 +71,14 @@ def questions(size=3, cameras=("scene",), seed=0):
 
 
 def overfit(model, data, steps, loss_fn, anneal=False, lr=2e-3):
-    """Train `model` on one batch for `steps` AdamW steps under bf16 autocast; returns it in eval mode."""
+    """Train `model` on one batch for `steps` AdamW steps, under bf16 autocast where the CPU runs it
+    natively (fp32 elsewhere, as `dvla train` does); returns it in eval mode."""
+    cpu = torch.device("cpu")
+    precision = resolve_precision("auto", cpu)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if anneal else None
     for _ in range(steps):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with autocast(precision, cpu):
             loss, _ = loss_fn(data)
         opt.zero_grad()
         loss.backward()

@@ -9,6 +9,7 @@ than fp32, so "auto" picks fp32 there.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 
 import torch
@@ -27,7 +28,12 @@ def check_precision(value) -> str:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU runs bf16 matmuls natively (AVX-512 class), not by emulation."""
+    """Whether this CPU runs bf16 matmuls natively (AVX-512 class), not by emulation.
+    DVLA_CPU_BF16=0 (or 1) overrides the detection, e.g. to time the fp32 path that CPUs without
+    native bf16 take."""
+    forced = os.environ.get("DVLA_CPU_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
     if torch.backends.cpu.get_cpu_capability() != "AVX512":
         return False
     supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)

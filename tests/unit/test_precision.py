@@ -46,3 +46,12 @@ def test_command_line_no_means_fp32_and_bad_values_name_the_choices():
     ):
         with pytest.raises(ValueError, match="'auto', 'bf16', 'no'"):
             make()
+
+
+def test_the_bf16_detection_can_be_overridden(monkeypatch):
+    """DVLA_CPU_BF16=0 times the fp32 path of CPUs without native bf16 on any machine."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("DVLA_CPU_BF16", "0")
+    assert not cpu_has_fast_bf16() and resolve_precision("auto", cpu) == "no"
+    monkeypatch.setenv("DVLA_CPU_BF16", "1")
+    assert cpu_has_fast_bf16() and resolve_precision("auto", cpu) == "bf16"
