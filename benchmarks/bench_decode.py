@@ -5,8 +5,9 @@
 For the latency of a trained checkpoint next to AR decoding and LeRobot peers, use
 `dvla bench --sections [latency]`; this script sweeps model sizes with random weights. One realistic
 CPU configuration (2 cameras at 128 px, H = 16, D = 4, the default model size), batch 1,
-bf16 autocast, a randomly initialised model (latency does not depend on the weights). Prints a
-markdown table and saves JSON. Ratios in one run are what to compare.
+a randomly initialised model (latency does not depend on the weights), in the precision `dvla train`
+would pick here (bf16 autocast where the CPU runs it natively, else fp32; `--mixed_precision` overrides).
+Prints a markdown table and saves JSON. Ratios in one run are what to compare.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from pathlib import Path
 
 import torch
 
+from dvla.action_head import DiscreteHeadConfig, FlowHeadConfig
 from dvla.backbone.decoder import DecodeConfig
 from dvla.bench.latency import median_ms
 from dvla.model import BackboneSize, DiffusionVLA, DiffusionVLAConfig, TextSpecials
+from dvla.training.precision import PRECISIONS, autocast, resolve_precision
 from dvla.types import fake_observation
 from dvla.vision import VisionConfig
 
@@ -33,20 +36,22 @@ def build(action_head: str = "discrete", hidden: int = 256, layers: int = 4) -> 
     config = DiffusionVLAConfig(
         vision=VisionConfig(cameras=CAMERAS, image_size=128),
         backbone=BackboneSize(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers),
-        action_head=action_head,
+        head=FlowHeadConfig() if action_head == "flow" else DiscreteHeadConfig(),
         chunk_size=16,
         action_dim=4,
     )
     return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).eval()
 
 
-def time_chunk(model, obs, decode: DecodeConfig, use_cache: bool, repeats: int) -> tuple[float, int]:
+def time_chunk(
+    model, obs, decode: DecodeConfig, use_cache: bool, repeats: int, precision: str
+) -> tuple[float, int]:
     """Median milliseconds per chunk and backbone forwards (dvla.bench.latency's timing)."""
     forwards = 0
 
     def chunk():
         nonlocal forwards
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), autocast(precision, torch.device("cpu")):
             _, forwards = model.sample_actions(obs, decode, use_cache=use_cache)
 
     return median_ms(chunk, repeats, torch.device("cpu")), forwards
@@ -58,7 +63,9 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/bench/decode.json")
     parser.add_argument("--hidden", type=int, default=256, help="backbone width (default model: 256)")
     parser.add_argument("--layers", type=int, default=4, help="backbone layers (default model: 4)")
+    parser.add_argument("--mixed_precision", default="auto", choices=PRECISIONS, help="as for dvla train")
     args = parser.parse_args()
+    precision = resolve_precision(args.mixed_precision, torch.device("cpu"))
     repeats = 2 if args.quick else 10
     torch.manual_seed(0)
     model = build(hidden=args.hidden, layers=args.layers)
@@ -67,7 +74,7 @@ def main() -> None:
     rows = []
     for steps in [1, 2, 4, 8, tokens]:
         for use_cache in (True, False):
-            ms, forwards = time_chunk(model, obs, DecodeConfig(steps=steps), use_cache, repeats)
+            ms, forwards = time_chunk(model, obs, DecodeConfig(steps=steps), use_cache, repeats, precision)
             rows.append(
                 {
                     "mode": "parallel",
@@ -78,7 +85,9 @@ def main() -> None:
                 }
             )
             print(rows[-1], flush=True)
-    ms, forwards = time_chunk(model, obs, DecodeConfig(autoregressive=True), True, max(2, repeats // 3))
+    ms, forwards = time_chunk(
+        model, obs, DecodeConfig(autoregressive=True), True, max(2, repeats // 3), precision
+    )
     rows.append(
         {
             "mode": "autoregressive (KV cache)",
@@ -90,7 +99,7 @@ def main() -> None:
     )
     print(rows[-1], flush=True)
     flow = build("flow", args.hidden, args.layers)
-    ms, forwards = time_chunk(flow, obs, DecodeConfig(), True, repeats)
+    ms, forwards = time_chunk(flow, obs, DecodeConfig(), True, repeats, precision)
     rows.append(
         {
             "mode": "flow head (10 Euler steps)",
@@ -113,7 +122,7 @@ def main() -> None:
             "chunk_size": 16,
             "action_dim": 4,
             "batch": 1,
-            "dtype": "bf16",
+            "dtype": "bf16" if precision == "bf16" else "fp32",
         },
         "parameters": params,
         "vision_parameters": vision,
@@ -121,8 +130,8 @@ def main() -> None:
         "rows": rows,
         "speedup_4_steps_vs_ar": ar / four["ms"],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
-        "command": f"python benchmarks/bench_decode.py --hidden {args.hidden} --layers {args.layers}"
-        + (" --quick" if args.quick else ""),
+        "command": f"python benchmarks/bench_decode.py --hidden {args.hidden} --layers {args.layers} "
+        f"--mixed_precision {args.mixed_precision}" + (" --quick" if args.quick else ""),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

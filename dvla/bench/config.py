@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dvla.backbone.decoder import ACTION_DECODE_STEPS
+from dvla.training.precision import check_precision
 
 SECTIONS = ("decode", "heads", "peers", "latency", "throughput")
 PEER_POLICIES = ("act", "diffusion")
@@ -96,8 +97,12 @@ class BenchConfig:
     quick: bool = False
     # "auto" = cuda when available, else cpu.
     device: str = "auto"
+    # Precision of the timings, the throughput and the peers' training: "auto" (bf16 autocast on
+    # GPUs and CPUs with native bf16, else fp32, as `dvla train`), "bf16" or "no".
+    mixed_precision: str = "auto"
 
     def __post_init__(self):
+        self.mixed_precision = check_precision(self.mixed_precision)
         bad = [s for s in self.sections if s not in SECTIONS]
         if bad:
             raise ValueError(f"unknown sections {bad}; choose from {SECTIONS}")

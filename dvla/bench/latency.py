@@ -1,4 +1,5 @@
-"""Batch-1 latency per action chunk and per control step, under bf16 autocast.
+"""Batch-1 latency per action chunk and per control step, in the run's precision (bf16 autocast where
+it is fast, else fp32: `dvla.training.precision`).
 
 dvla is timed through its own `sample_actions` (parallel decoding with and without the prefix KV
 cache, left-to-right decoding with a KV cache, the flow head); LeRobot policies through
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from dvla.backbone.decoder import DecodeConfig
+from dvla.training.precision import autocast
 from dvla.types import fake_observation
 
 
@@ -59,21 +61,24 @@ def dvla_observation(model, device: torch.device):
     return obs.to(device)
 
 
-def time_dvla(model, decode: DecodeConfig, use_cache: bool, repeats: int, n_action_steps: int) -> Timing:
+def time_dvla(
+    model, decode: DecodeConfig, use_cache: bool, repeats: int, n_action_steps: int, precision: str
+) -> Timing:
+    """`precision`: a resolved "bf16" or "no"."""
     device = next(model.parameters()).device
     obs = dvla_observation(model, device)
     forwards = 0
 
     def chunk():
         nonlocal forwards
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.no_grad(), autocast(precision, device):
             _, forwards = model.sample_actions(obs, decode, use_cache=use_cache)
 
     ms = median_ms(chunk, repeats, device)
     return Timing("dvla", ms, forwards, n_action_steps)
 
 
-def time_lerobot(actor, repeats: int, device: torch.device) -> Timing:
+def time_lerobot(actor, repeats: int, device: torch.device, precision: str) -> Timing:
     """A LeRobot actor (`LeRobotActor`): `select_action` on a fresh episode predicts a chunk."""
     import numpy as np
 
@@ -87,7 +92,7 @@ def time_lerobot(actor, repeats: int, device: torch.device) -> Timing:
 
     def chunk():
         policy.reset()
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.no_grad(), autocast(precision, device):
             policy.select_action(dict(batch))
 
     ms = median_ms(chunk, repeats, device)

@@ -88,8 +88,9 @@ def task_episodes(dataset_root: str | Path, instructions: dict[str, str]) -> dic
 
 
 def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path, chunk: int,
-               device: str) -> list[str]:  # fmt: skip
-    """The `lerobot-train` command line of one per-task peer."""
+               device: str, amp: bool = True) -> list[str]:  # fmt: skip
+    """The `lerobot-train` command line of one per-task peer; `amp`: autocast as dvla's training does
+    on this machine (bf16 on a CPU with native bf16, fp16 on CUDA; off where dvla trains in fp32)."""
     root = Path(config.dataset_root).resolve()  # the peer's train_config.json must find it from anywhere
     size_args = list(SIZE_ARGS[config.size][policy])
     steps = config.steps_for(policy)
@@ -108,7 +109,7 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         f"--policy.type={policy}",
         f"--policy.device={device}",
         "--policy.push_to_hub=false",
-        "--policy.use_amp=true",  # autocast like dvla's training (bf16 on a CPU, fp16 on CUDA)
+        f"--policy.use_amp={str(amp).lower()}",
         *OFFLINE_ARGS[policy],
         *control_args(policy, chunk),
         *size_args,
@@ -155,10 +156,10 @@ def trained_step(out: Path) -> int:
 
 
 def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path, chunk: int,
-               device: str) -> dict:  # fmt: skip
+               device: str, amp: bool = True) -> dict:  # fmt: skip
     """Train (or finish training) one peer; returns its record {policy, task, seconds, command, ...}."""
     done = out / DONE_FILE
-    args = train_args(policy, task, episodes, config, out, chunk, device)
+    args = train_args(policy, task, episodes, config, out, chunk, device, amp)
     if done.exists():
         record = json.loads(done.read_text())
         _require_same_args(out, "trained", record.get("args"), args)

@@ -136,12 +136,12 @@ def targets(results: dict) -> list[dict]:
             )
     throughput = results.get("throughput")
     if throughput:
-        fraction = throughput["fraction_of_bf16_matmul"]
+        fraction, dtype = throughput["fraction_of_matmul"], throughput["precision"]
         out.append(
             {
-                "target": "training at >= 30% of the measured bf16 matmul rate",
+                "target": f"training at >= 30% of the measured {dtype} matmul rate",
                 "value": f"{_pct(fraction)} ({throughput['flops_per_s'] / 1e12:.2f} of "
-                f"{throughput['matmul_bf16_flops_per_s'] / 1e12:.2f} TFLOP/s)",
+                f"{throughput['matmul_flops_per_s'] / 1e12:.2f} TFLOP/s)",
                 "reached": fraction >= 0.30,
             }
         )
@@ -212,7 +212,7 @@ def markdown(results: dict) -> str:
     if latency:
         lines += [
             "",
-            "## Latency at batch 1 (bf16 autocast)",
+            f"## Latency at batch 1 ({_precision(results)})",
             "",
             "| policy | forwards / chunk | ms / chunk | actions / chunk | ms / control step |",
             "| --- | ---: | ---: | ---: | ---: |",
@@ -228,14 +228,12 @@ def markdown(results: dict) -> str:
     if t:
         lines += [
             "",
-            "## Training throughput (default config, bf16 autocast)",
+            f"## Training throughput (default config, {_precision(results)})",
             "",
             f"{t['samples_per_s']:.1f} samples/s at batch {t['batch_size']} "
             f"({t['parameters'] / 1e6:.1f} M parameters, {t['flops_per_step'] / 1e9:.0f} GFLOP per step): "
-            f"{t['flops_per_s'] / 1e12:.3f} TFLOP/s = **{_pct(t['fraction_of_bf16_matmul'])}** of the "
-            f"measured bf16 matmul rate ({t['matmul_bf16_flops_per_s'] / 1e12:.2f} TFLOP/s) and "
-            f"{_pct(t['fraction_of_fp32_matmul'])} of fp32 "
-            f"({t['matmul_fp32_flops_per_s'] / 1e12:.2f} TFLOP/s).",
+            f"{t['flops_per_s'] / 1e12:.3f} TFLOP/s = **{_pct(t['fraction_of_matmul'])}** of the "
+            f"measured {t['precision']} matmul rate ({t['matmul_flops_per_s'] / 1e12:.2f} TFLOP/s).",
         ]
     verdicts = targets(results)
     if verdicts:
@@ -311,7 +309,7 @@ def plots(results: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(latency) + 1.6))
         ax.barh([r["name"] for r in latency], [r["ms_per_chunk"] for r in latency])
         ax.set_xscale("log")
-        ax.set_xlabel("ms per chunk at batch 1 (bf16 autocast)")
+        ax.set_xlabel(f"ms per chunk at batch 1 ({_precision(results)})")
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
         fig.text(0.01, 0.01, _wrap(run["command"]), fontsize=6, va="bottom")
@@ -321,3 +319,8 @@ def plots(results: dict, out: Path) -> list[str]:
         plt.close(fig)
         paths.append(str(path))
     return paths
+
+
+def _precision(results: dict) -> str:
+    """How the run computed: "bf16 autocast" or "fp32" (runs saved before the setting: bf16)."""
+    return "fp32" if results.get("run", {}).get("precision") == "no" else "bf16 autocast"

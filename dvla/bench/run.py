@@ -30,6 +30,7 @@ from dvla.eval.rollout import resolve_device
 from dvla.eval.rollout_config import RolloutConfig
 from dvla.locks import exclusive_output
 from dvla.model import DiffusionVLA
+from dvla.training.precision import resolve_precision
 
 
 def _machine(device: torch.device) -> str:
@@ -43,6 +44,7 @@ class Bench:
         from dvla.sim.tasks import resolve_tasks, task_description
 
         self.config, self.device = config, resolve_device(config.device)
+        self.precision = resolve_precision(config.mixed_precision, self.device)  # "bf16" or "no"
         self.out = Path(config.output_dir)
         self.checkpoint = resolve_checkpoint(config.checkpoint)
         self.model, self.tokenizer, _ = load_checkpoint(self.checkpoint, self.device)
@@ -69,6 +71,7 @@ class Bench:
                 "seed_start": config.seed_start,
                 "max_steps": config.max_steps,
                 "machine": _machine(self.device),
+                "precision": self.precision,
                 "torch": torch.__version__,
             },
             "config": draccus.encode(config),
@@ -121,7 +124,12 @@ class Bench:
 
     def time_decode(self, decode: DecodeConfig, use_cache: bool = True, model=None) -> lat.Timing:
         return lat.time_dvla(
-            model or self.model, decode, use_cache, self.config.latency_repeats, self.n_action_steps
+            model or self.model,
+            decode,
+            use_cache,
+            self.config.latency_repeats,
+            self.n_action_steps,
+            self.precision,
         )
 
     # ---- sections -------------------------------------------------------------------------------
@@ -184,7 +192,8 @@ class Bench:
                     print(f"bench: training {policy} on {task} ({len(episodes[task])} episodes, "
                           f"{peers.steps_for(policy)} steps, log {folder}.log)")  # fmt: skip
                     chunk = self.model.config.chunk_size
-                    record = train_peer(policy, task, episodes[task], peers, folder, chunk, self.device.type)
+                    record = train_peer(policy, task, episodes[task], peers, folder, chunk, self.device.type,
+                                        amp=self.precision == "bf16")  # fmt: skip
                     trained.append((policy, task, folder, record))
         if not trained:
             print("bench: peers skipped (give --peers.dataset_root to train them, or --peers.trained)")
@@ -250,7 +259,11 @@ class Bench:
                 notes.append(f"{policy}: no trained peer to time (run the peers section)")
                 continue
             actor = LeRobotActor(path, self.device)
-            rows.append(lat.time_lerobot(actor, self.config.latency_repeats, self.device).row(name=policy))
+            rows.append(
+                lat.time_lerobot(actor, self.config.latency_repeats, self.device, self.precision).row(
+                    name=policy
+                )
+            )
         default = self.decode_setting(self.config.default_steps)[0]  # what the targets compare
         self.results["latency"] = {"rows": rows, "notes": notes, "default": default}
 
@@ -263,7 +276,7 @@ class Bench:
 
     def throughput(self) -> None:
         batch = 4 if self.config.quick else 32
-        self.results["throughput"] = measure(self.device, batch, self.config.throughput_steps)
+        self.results["throughput"] = measure(self.device, self.precision, batch, self.config.throughput_steps)
 
     # ---- output ---------------------------------------------------------------------------------
     def save(self) -> Path:

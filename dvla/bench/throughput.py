@@ -2,7 +2,8 @@
 
 FLOPs of one training step come from torch's FlopCounterMode (matmuls and convolutions, forward and
 backward); the matmul rate from timing square matmuls in the same process, so the ratio holds on
-any machine.
+any machine. Training runs in the run's precision (bf16 autocast where it is fast, else fp32) and is
+compared with the matmul rate of that dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dvla.model import DiffusionVLA, DiffusionVLAConfig, TextSpecials
+from dvla.training.precision import autocast
 from dvla.types import fake_action_batch
 from dvla.vision import VisionConfig
 
@@ -46,19 +48,19 @@ def default_model(device: torch.device) -> DiffusionVLA:
     return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).to(device)
 
 
-def training_throughput(batch_size: int, steps: int, device: torch.device) -> dict:
-    """Samples/s and FLOP/s of full training steps (forward, backward, AdamW) under bf16 autocast."""
+def training_throughput(batch_size: int, steps: int, device: torch.device, precision: str) -> dict:
+    """Samples/s and FLOP/s of full training steps (forward, backward, AdamW); `precision` is a
+    resolved "bf16" or "no"."""
     torch.manual_seed(0)
     model = default_model(device).train()
     config = model.config
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = fake_action_batch(batch_size, CAMERAS, 128, 12, 1000, 4, config.chunk_size, config.action_dim)
     batch = batch.to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step(counter=None):
         with counter or contextlib.nullcontext():
-            with autocast:
+            with autocast(precision, device):
                 loss, _ = model(batch)
             loss.backward()
         opt.step()
@@ -83,15 +85,15 @@ def training_throughput(batch_size: int, steps: int, device: torch.device) -> di
     }
 
 
-def measure(device: torch.device, batch_size: int = 32, steps: int = 10) -> dict:
-    """Training throughput and the matmul rates it is compared with, from one process."""
-    bf16 = matmul_rate(torch.bfloat16, device)
-    fp32 = matmul_rate(torch.float32, device)
-    train = training_throughput(batch_size, steps, device)
+def measure(device: torch.device, precision: str, batch_size: int = 32, steps: int = 10) -> dict:
+    """Training throughput in `precision` ("bf16" or "no") and the matmul rate of that dtype, from
+    one process."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    rate = matmul_rate(dtype, device)
+    train = training_throughput(batch_size, steps, device, precision)
     return {
         **train,
-        "matmul_bf16_flops_per_s": bf16,
-        "matmul_fp32_flops_per_s": fp32,
-        "fraction_of_bf16_matmul": train["flops_per_s"] / bf16,
-        "fraction_of_fp32_matmul": train["flops_per_s"] / fp32,
+        "precision": "bf16" if precision == "bf16" else "fp32",
+        "matmul_flops_per_s": rate,
+        "fraction_of_matmul": train["flops_per_s"] / rate,
     }

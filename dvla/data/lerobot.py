@@ -16,8 +16,9 @@ import torch
 
 from dvla.data.finite import bad_episodes, check_stats_finite, nonfinite_frames
 from dvla.data.frame_cache import FrameCache
-from dvla.data.images import resize_image
+from dvla.data.frames import FrameReader
 from dvla.data.stats import low_dim_stats
+from dvla.data.table import LowDimTable
 from dvla.sim.recording import VIDEO_BACKEND
 
 
@@ -146,13 +147,13 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.action_dim = int(np.prod(features[config.action_key]["shape"]))
         sim_key = config.sim_state_key
         self.sim_state_dim = int(np.prod(features[sim_key]["shape"])) if sim_key else 0
-        delta = {config.action_key: [i / meta.fps for i in range(config.chunk_size)]}
         selected_episodes = select_episodes(config, meta)
 
         def open_dataset(episodes):
+            # no delta_timestamps: lerobot would decode the images of every row an action chunk
+            # touches; the chunk is cut from the in-memory action column instead (LowDimTable)
             return LeRobotDataset(
-                repo_id, root=config.root, episodes=episodes, delta_timestamps=delta,
-                video_backend=config.video_backend,
+                repo_id, root=config.root, episodes=episodes, video_backend=config.video_backend
             )  # fmt: skip
 
         self.dataset = open_dataset(selected_episodes)
@@ -167,9 +168,15 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.tasks = [task for task in meta.tasks.index if task in selected]
         self.stats = low_dim_stats(self.dataset, config.state_key, config.action_key, sim_key)
         check_stats_finite(self.stats, config.root or config.repo_id)
+        self.table = LowDimTable(
+            self.dataset, config.state_key, config.action_key, sim_key, config.chunk_size
+        )
+        self.frames = FrameReader(
+            self.dataset, self.cameras, config.image_size, self.table, config.video_backend
+        )
         self.cache = None
         if config.cache_frames:
-            self.cache = FrameCache(self, num_workers=min(4, os.cpu_count() or 1))
+            self.cache = FrameCache(self.frames, len(self.table), num_workers=min(4, os.cpu_count() or 1))
 
     def _drop_nonfinite(self, found: list, episodes) -> list[int]:
         """The episodes without non-finite values, or an error naming where they are."""
@@ -188,22 +195,8 @@ class LeRobotChunks(torch.utils.data.Dataset):
         return kept
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.table)
 
     def __getitem__(self, index: int) -> dict:
-        if self.cache is not None:
-            return self.cache.sample(index)
-        item = self.dataset[index]
-        key = self.config.action_key
-        sample = {
-            "images": {
-                name: resize_image(item[k], self.config.image_size) for name, k in self.cameras.items()
-            },
-            "state": item[self.config.state_key].reshape(-1).float(),  # (S,)
-            "task": item["task"],
-            "actions": item[key].reshape(self.config.chunk_size, -1).float(),  # (H, D)
-            "actions_is_pad": item[f"{key}_is_pad"],  # (H,)
-        }
-        if self.config.sim_state_key:
-            sample["sim_state"] = item[self.config.sim_state_key].reshape(-1).float()  # (E,)
-        return sample
+        images = self.cache.frames(index) if self.cache is not None else self.frames.frame(index)
+        return {"images": images, **self.table.sample(index)}

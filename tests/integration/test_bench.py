@@ -4,6 +4,7 @@ lerobot-train for 2 steps), its resumability, and the target verdicts."""
 import json
 
 import pytest
+import torch
 from test_train import tiny_train_config
 
 from dvla.action_head import FlowHeadConfig
@@ -14,8 +15,10 @@ from dvla.cli import main
 from dvla.eval.metrics import mcnemar_exact, paired_comparison
 from dvla.sim.tasks import task_description
 from dvla.training.loop import train
+from dvla.training.precision import resolve_precision
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+AMP = resolve_precision("auto", torch.device("cpu")) == "bf16"  # how the bench trains its peers here
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +87,19 @@ def test_quick_bench_measures_every_section(bench_run):
         assert row["ms_per_control_step"] == pytest.approx(row["ms_per_chunk"] / row["n_action_steps"])
     t = results["throughput"]
     assert t["flops_per_step"] > 0 and t["samples_per_s"] > 0
-    assert t["fraction_of_bf16_matmul"] == pytest.approx(t["flops_per_s"] / t["matmul_bf16_flops_per_s"])
+    assert t["fraction_of_matmul"] == pytest.approx(t["flops_per_s"] / t["matmul_flops_per_s"])
+    # every timing and the peers' training follow the precision rule of `dvla train`
+    precision = resolve_precision("auto", torch.device("cpu"))
+    assert (
+        results["run"]["precision"] == precision
+        and t["precision"] == {"bf16": "bf16", "no": "fp32"}[precision]
+    )
+    for row in peers["rows"]:
+        assert f"--policy.use_amp={str(precision == 'bf16').lower()}" in row["command"]
     for name in ("success_vs_forwards.png", "success_vs_latency.png", "latency.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
     md = (out / "bench.md").read_text()
+    assert f"## Latency at batch 1 ({'bf16 autocast' if precision == 'bf16' else 'fp32'})" in md
     assert "## Targets" in md and "reach-v3" in md and "| act | reach-v3 |" in md
     assert "- dvla vs act: " in md and "exact McNemar p = " in md.split("## Discrete vs flow")[1]
     section = md.split("## Decoding sweep")[1].split("\n## ")[0]
@@ -118,26 +130,28 @@ def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dat
     episodes = [0, 1]  # the tiny dataset's reach-v3 episodes, as the bench found them
     config = PeerConfig(policies=["act"], dataset_root=str(root), steps=3, batch_size=4, size="tiny")
     with pytest.raises(FileExistsError, match="with --steps=2; .* with --steps=3$"):
-        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu")
+        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu", amp=AMP)
     config.steps, config.extra_args = 2, ["--policy.optimizer_lr=1e-4"]
     with pytest.raises(FileExistsError, match="to train with --policy.optimizer_lr=1e-4"):
-        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu")
+        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu", amp=AMP)
     config.extra_args = []
     with pytest.raises(FileExistsError, match="--policy.chunk_size=4 .*--policy.chunk_size=8"):
-        train_peer("act", "reach-v3", episodes, config, folder, 8, "cpu")  # another checkpoint's chunk
+        train_peer(
+            "act", "reach-v3", episodes, config, folder, 8, "cpu", amp=AMP
+        )  # another checkpoint's chunk
     # a record from before the arguments were kept, and a half-trained run started with other ones
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     record = json.loads((folder / DONE_FILE).read_text())
     (legacy / DONE_FILE).write_text(json.dumps({k: v for k, v in record.items() if k != "args"}))
     with pytest.raises(FileExistsError, match="older dvla"):
-        train_peer("act", "reach-v3", episodes, config, legacy, 4, "cpu")
+        train_peer("act", "reach-v3", episodes, config, legacy, 4, "cpu", amp=AMP)
     partial = tmp_path / "partial"
     (partial / "checkpoints" / "last" / "training_state").mkdir(parents=True)
     (partial / "checkpoints" / "last" / "training_state" / "training_step.json").write_text('{"step": 1}')
     (tmp_path / "partial.args.json").write_text(json.dumps(["lerobot-train", "--steps=9"]))
     with pytest.raises(FileExistsError, match="partly trained with --steps=9"):
-        train_peer("act", "reach-v3", episodes, config, partial, 4, "cpu")
+        train_peer("act", "reach-v3", episodes, config, partial, 4, "cpu", amp=AMP)
 
 
 def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
@@ -155,8 +169,9 @@ def test_policy_steps_give_one_peer_its_own_budget(tiny_dataset, tmp_path):
     root, _ = tiny_dataset
     config = PeerConfig(dataset_root=str(root), steps=300, policy_steps={"act": 400})
     act = train_args("act", "reach-v3", [0], config, tmp_path, 16, "cpu")
-    diffusion = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+    diffusion = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu", amp=False)
     assert "--steps=400" in act and "--save_freq=100" in act
+    assert "--policy.use_amp=true" in act and "--policy.use_amp=false" in diffusion  # fp32 where dvla is
     assert "--steps=300" in diffusion and "--policy.scheduler_warmup_steps=30" in diffusion
 
 
@@ -223,9 +238,10 @@ def _results(best_few: float, ar_ms: float, peer_success: float, fraction: float
         },
         "peers": {"summary": {"act": {"success": peer_success}}, "dvla": {"success": 0.5}},
         "throughput": {
-            "fraction_of_bf16_matmul": fraction,
+            "precision": "bf16",
+            "fraction_of_matmul": fraction,
             "flops_per_s": 1e12 * fraction,
-            "matmul_bf16_flops_per_s": 1e12,
+            "matmul_flops_per_s": 1e12,
         },
     }
 

@@ -126,7 +126,7 @@ def test_frame_cache_matches_video_decoding(tiny_dataset):
         a, b = plain[index], cached[index]
         assert a["task"] == b["task"]
         for camera in ("corner2", "gripperPOV"):
-            atol = 0.5 / 255 + 1e-6  # uint8 rounding of the resized frame
+            atol = 1 / 255 + 1e-6  # the cache resizes in uint8: within one level
             torch.testing.assert_close(a["images"][camera], b["images"][camera], atol=atol, rtol=0)
         for key in ("state", "actions", "actions_is_pad", "sim_state"):
             torch.testing.assert_close(a[key], b[key])
