@@ -208,7 +208,7 @@ class DiffusionVLA(nn.Module):
 
     # ---- training -------------------------------------------------------------------------------
     def forward(self, batch: ActionBatch | VQABatch, generator=None) -> tuple[torch.Tensor, dict[str, float]]:
-        """The training loss of either kind of batch (calling the module lets DDP/FSDP wrappers hook in)."""
+        """The training loss of either kind of batch (calling the module lets the DDP wrapper hook in)."""
         if isinstance(batch, VQABatch):
             return self.compute_vqa_loss(batch, generator)
         return self.compute_loss(batch, generator)

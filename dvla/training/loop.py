@@ -1,5 +1,6 @@
-"""`dvla train`: AdamW + warmup/cosine, bf16 autocast, gradient accumulation, accelerate (one CPU
-process by default, `accelerate launch` for DDP/FSDP), atomic checkpoints and exact resume."""
+"""`dvla train`: AdamW + warmup/cosine, bf16 autocast where it is fast, gradient accumulation,
+accelerate (one CPU process by default, `accelerate launch` or torchrun for DDP; FSDP is refused),
+atomic checkpoints and exact resume."""
 
 from __future__ import annotations
 
@@ -105,6 +106,7 @@ def train(config: TrainConfig) -> TrainResult:
 def _train(config: TrainConfig) -> TrainResult:
     from accelerate.utils import set_seed
 
+    _refuse_fsdp()
     output = Path(config.output_dir)
     existing = checkpoint_dirs(output)
     if existing and not config.resume:
@@ -186,6 +188,19 @@ def _accelerator(config: TrainConfig, output: Path, ratio: float):
     if config.trackers:
         accelerator.init_trackers(config.wandb_project, config=_flat_config(config))
     return accelerator
+
+
+def _refuse_fsdp() -> None:
+    """FSDP (`accelerate launch --use_fsdp`, which sets ACCELERATE_USE_FSDP) is refused: on a CPU
+    accelerate silently trains plain DDP instead, and dvla's EMA, checkpoints and cross-rank check
+    read whole parameters, which FSDP shards."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true", "yes"):
+        raise ValueError(
+            "FSDP is not supported by dvla train (ACCELERATE_USE_FSDP is set, e.g. by `accelerate launch "
+            "--use_fsdp`): its EMA, checkpoints and cross-rank check need every rank to hold whole "
+            "parameters, and on a CPU accelerate would run DDP instead. Launch data-parallel without "
+            "--use_fsdp (`accelerate launch -m dvla.cli train ...` or torchrun); dvla's models fit one GPU."
+        )
 
 
 def _resume_latest_intact(config: TrainConfig, output: Path, existing: list[Path], accelerator):
@@ -321,7 +336,7 @@ class _Run:
             self.samples += batch.observation.batch_size * accelerator.num_processes
             sources.append(source)
             with accelerator.autocast():
-                loss, metrics = model(batch)  # through the DDP/FSDP wrapper, which syncs gradients
+                loss, metrics = model(batch)  # through the DDP wrapper, which syncs gradients
             accelerator.backward(loss / config.grad_accum)
             # the head's loss alone, comparable with runs without auxiliary targets
             main = [metrics[k] for k in MAIN_LOSSES if k in metrics]

@@ -149,3 +149,13 @@ def test_one_run_per_output_folder(tiny_dataset, tmp_path):
         process.wait()
     with exclusive_output(tmp_path / "run", "test"):  # the kernel released the lock
         assert json.loads((tmp_path / "run" / ".dvla.lock").read_text())["command"] == "test"
+
+
+def test_fsdp_is_refused_before_anything_is_written(tiny_dataset, tmp_path, monkeypatch):
+    """`accelerate launch --use_fsdp` sets ACCELERATE_USE_FSDP; on a CPU accelerate would quietly run
+    DDP instead, and dvla's EMA and checkpoints need whole parameters: a clear error, not a quiet run."""
+    root, _ = tiny_dataset
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(ValueError, match="FSDP is not supported.*without --use_fsdp"):
+        train(tiny_train_config(root, tmp_path / "fsdp", steps=1))
+    assert not checkpoint_dirs(tmp_path / "fsdp") and not (tmp_path / "fsdp" / "train_config.yaml").exists()
