@@ -33,9 +33,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
 
-# Collect -> train (~15 min on 2 CPU cores) -> roll out with videos -> answer VQA questions -> report.
+# Collect -> train -> roll out with videos -> answer VQA questions -> report.
 # Every stage resumes or skips finished work, so rerunning is cheap.
 demo: $(STAMP)
+	@$(PY) -m dvla.eval.demo_report --plan
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect/demo.yaml
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla show --root outputs/demo/metaworld
 	HF_HUB_OFFLINE=1 $(VENV)/bin/dvla collect --config_path configs/collect/vqa_demo.yaml
