@@ -10,7 +10,12 @@ migration; then fixed-seed training steps reproduce the loss sequences, and deco
 the actions and answers.
 
 On CPU in fp32. On the machine that recorded them the numbers are equal bit for bit
-(DVLA_GOLDEN_EXACT=1); other CPU kinds run other oneDNN kernels, hence the small tolerance.
+(DVLA_GOLDEN_EXACT=1). Other CPU kinds run other oneDNN kernels: decoding from the stored weights
+and the first training steps stay within 1e-4, but later steps drift as training amplifies the
+rounding. With AVX2 kernels only (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2) the first 8
+steps agreed to 1e-6, step 16 of 20 was 1.4% off and a decoded value after training 0.004; so
+everything after the first steps is held to a drift tolerance, and the first steps, where any
+change of the computation shows, to the tight one.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 GOLDEN = json.loads((FIXTURES / "golden_v1.json").read_text())
 EXACT = bool(os.environ.get("DVLA_GOLDEN_EXACT"))
 TOLERANCE = {"rtol": 0.0, "atol": 0.0} if EXACT else {"rtol": 1e-4, "atol": 1e-5}
+DRIFT = TOLERANCE if EXACT else {"rtol": 3e-2, "atol": 1e-2}  # after training on other kernels
+TIGHT_STEPS = 5  # training steps held to TOLERANCE
 # format-1 metric names -> today's (adapter metrics are namespaced by adapter)
 METRIC_NAMES = {
     "sim_state_mse": "sim_state/mse",
@@ -104,20 +111,20 @@ def inference(policy: DiffusionVLAPolicy, seed: int, hold: bool) -> dict:
     return out
 
 
-def close(actual, expected, what: str) -> None:
+def close(actual, expected, what: str, tolerance: dict = TOLERANCE) -> None:
     torch.testing.assert_close(
         torch.tensor(actual),
         torch.tensor(expected),
-        **TOLERANCE,
+        **tolerance,
         equal_nan=True,
         msg=lambda m: f"{what}: {m}",
     )
 
 
-def close_outputs(out: dict, expected: dict) -> None:
+def close_outputs(out: dict, expected: dict, tolerance: dict = TOLERANCE) -> None:
     assert out.keys() == expected.keys()
     for key, value in expected.items():
-        close(out[key], value, key)
+        close(out[key], value, key, tolerance)
 
 
 def close_history(history: list[dict], expected: list[dict]) -> None:
@@ -126,7 +133,8 @@ def close_history(history: list[dict], expected: list[dict]) -> None:
         e = {METRIC_NAMES.get(k, k): v for k, v in e.items()}
         assert sorted(h) == sorted(e), f"step {step}"
         keys = sorted(e)
-        close([h[k] for k in keys], [e[k] for k in keys], f"step {step} {keys}")
+        tolerance = TOLERANCE if step < TIGHT_STEPS else DRIFT
+        close([h[k] for k in keys], [e[k] for k in keys], f"step {step} {keys}", tolerance)
 
 
 def checkpoint_b(folder: Path) -> Path:
@@ -151,7 +159,7 @@ def test_model_a_decodes_the_golden_actions_and_answers():
 def test_model_a_trains_to_the_golden_losses():
     policy = policy_of(FIXTURES / "checkpoint_v1")
     close_history(train_steps(policy, 20, 11, referents=False), GOLDEN["a_train"])
-    close_outputs(inference(policy, 12, hold=False), GOLDEN["a_after_train"])
+    close_outputs(inference(policy, 12, hold=False), GOLDEN["a_after_train"], DRIFT)
 
 
 @pytest.mark.parametrize("part", ["inference", "train"])
@@ -161,4 +169,4 @@ def test_model_b_reproduces_the_golden_run(tmp_path, part):
         close_outputs(inference(policy, 20, hold=False), GOLDEN["b_inference"])
         return
     close_history(train_steps(policy, 8, 21, referents=True), GOLDEN["b_train"])
-    close_outputs(inference(policy, 22, hold=False), GOLDEN["b_after_train"])
+    close_outputs(inference(policy, 22, hold=False), GOLDEN["b_after_train"], DRIFT)
