@@ -15,7 +15,7 @@ from dvla.training.precision import resolve_precision
 # Fresh-clone `make demo` after the venv, 2 CPU cores (docs/results/demo.md): a CPU with native bf16
 # (Zen 4 EPYC), and the fp32 path with AVX2 kernels only (ATEN_CPU_CAPABILITY=avx2
 # ONEDNN_MAX_CPU_ISA=AVX2 on the same machine), as CPUs without native bf16 run it.
-EXPECTED_MINUTES = {"bf16": 17, "no": 24}
+EXPECTED_MINUTES = {"bf16": 18, "no": 20}
 
 
 def plan() -> str:
