@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+from dvla.data.images import resize_frames
 
 WINDOW = 64  # frames per video decoding call when caching: one seek each
 
@@ -25,8 +26,7 @@ class FrameReader:
         self.video_backend = video_backend
         video_keys = set(dataset.meta.video_keys)
         self.video = {name: key for name, key in cameras.items() if key in video_keys}
-        image = {name: key for name, key in cameras.items() if key not in video_keys}
-        self.image = image
+        self.image = image = {name: key for name, key in cameras.items() if key not in video_keys}
         # the image columns without lerobot's transform (which would decode every column of a row)
         self._images = (
             dataset.hf_dataset.select_columns(list(image.values())).with_format(None) if image else None
@@ -35,14 +35,14 @@ class FrameReader:
     def frame(self, index: int) -> dict[str, torch.Tensor]:
         """One row: {camera: float (3, size, size) in [0, 1]}, the values lerobot gives, resized."""
         return {
-            name: _resize(frames.float() / 255, self.size)[0]
+            name: resize_frames(frames.float() / 255, self.size)[0]
             for name, frames in self._read(index, index + 1).items()
         }
 
     def window(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """Rows start..stop-1 of one episode: {camera: uint8 (n, 3, size, size)}, resized in uint8
-        (torch's uint8 kernel, about 5x faster than in float; within one level of it)."""
-        return {name: _resize(frames, self.size) for name, frames in self._read(start, stop).items()}
+        (within one level of the float path)."""
+        return {name: resize_frames(frames, self.size) for name, frames in self._read(start, stop).items()}
 
     def _read(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """{camera: uint8 (n, 3, H, W)} at the dataset's own size."""
@@ -87,12 +87,3 @@ def _image_tensor(image) -> torch.Tensor:
     """A decoded image cell (PIL image or array, H x W x 3) -> uint8 (3, H, W)."""
     array = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
-
-
-def _resize(frames: torch.Tensor, size: int | None) -> torch.Tensor:
-    """(n, 3, H, W) float in [0, 1] or uint8 -> (n, 3, size, size), antialiased bilinear; unchanged
-    when size is None or already right."""
-    if size is None or frames.shape[-2:] == (size, size):
-        return frames
-    resized = F.interpolate(frames, size=(size, size), mode="bilinear", antialias=True)
-    return resized if frames.dtype == torch.uint8 else resized.clamp(0, 1)

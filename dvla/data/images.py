@@ -8,9 +8,16 @@ import torch.nn.functional as F
 
 def resize_image(image: torch.Tensor, size: int | None) -> torch.Tensor:
     """(3, H, W) float -> (3, size, size); unchanged when size is None or already right."""
-    if size is None or image.shape[-2:] == (size, size):
-        return image
-    return F.interpolate(image[None], size=(size, size), mode="bilinear", antialias=True)[0].clamp(0, 1)
+    return resize_frames(image[None], size)[0]
+
+
+def resize_frames(frames: torch.Tensor, size: int | None) -> torch.Tensor:
+    """(n, 3, H, W) float in [0, 1] or uint8 -> (n, 3, size, size), antialiased bilinear (torch's
+    uint8 kernel is about 5x faster than float); unchanged when size is None or already right."""
+    if size is None or frames.shape[-2:] == (size, size):
+        return frames
+    resized = F.interpolate(frames, size=(size, size), mode="bilinear", antialias=True)
+    return resized if frames.dtype == torch.uint8 else resized.clamp(0, 1)
 
 
 def collate(samples: list[dict]) -> dict:
