@@ -20,7 +20,7 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from dvla.sim.collect import MetaWorldCollectSpec, collect_metaworld
+from dvla.sim.collect import CollectSpec, collect_demos
 from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
 
 
@@ -46,7 +46,7 @@ def render_fps(image_size: int, shadow_size: int, frames: int, cameras=("corner2
 
 def collection_fps(workers: int, episodes: int, tasks: list[str]) -> dict:
     root = Path(tempfile.mkdtemp(prefix="dvla-bench-")) / "ds"
-    spec = MetaWorldCollectSpec(
+    spec = CollectSpec(
         tasks=tasks,
         episodes=episodes,
         cameras=["corner2"],
@@ -56,7 +56,7 @@ def collection_fps(workers: int, episodes: int, tasks: list[str]) -> dict:
         max_episode_steps=500,
     )
     start = time.perf_counter()
-    report = collect_metaworld(root, spec, workers=workers)
+    report = collect_demos(root, spec, workers=workers)
     elapsed = time.perf_counter() - start
     shutil.rmtree(root.parent)
     return {

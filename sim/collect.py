@@ -1,4 +1,4 @@
-"""`dvla collect` for MetaWorld: scripted-expert demonstrations recorded as a LeRobot dataset.
+"""`dvla collect` for a simulated environment: scripted-expert demonstrations as a LeRobot dataset.
 
 Work layout under --root while collecting (removed once the dataset is complete):
     .dvla_collect/state.json       what is being collected (checked on --resume)
@@ -21,11 +21,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dvla.sim.collect_worker import LOCK_FILE, MetaWorldCollectSpec, worker_main
+from dvla.sim.collect_worker import LOCK_FILE, CollectSpec, worker_main
 from dvla.sim.recording import drop_unfinished_parts, finished_parts, merge_parts, write_json_atomic
 from dvla.sim.seed_scheduler import SeedScheduler
 
-__all__ = ["MetaWorldCollectSpec", "collect_metaworld", "prepare_root"]
+__all__ = ["CollectSpec", "collect_demos", "prepare_root"]
 
 WORK_DIR = ".dvla_collect"
 REPORT_FILE = "dvla_collect_report.json"  # written into <root>/meta/ when the dataset is complete
@@ -61,10 +61,11 @@ SPEC_DEFAULTS_BEFORE = {
     "seed_start": 0,
     "action_noise": 0.0,
     "action_noise_steps": 8,
+    "env": "metaworld",
 }
 
 
-def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finished: bool = False) -> bool:
+def _check_same_spec(saved: dict, spec: CollectSpec, what: str, finished: bool = False) -> bool:
     """Raise unless `spec` matches the saved one. Returns True when a finished collection only lacks
     settings added after it was recorded: it is then kept as it is."""
     older = sorted(k for k in SPEC_DEFAULTS_BEFORE if k not in saved)
@@ -87,7 +88,7 @@ def _check_same_spec(saved: dict, spec: MetaWorldCollectSpec, what: str, finishe
     )
 
 
-def _load_state(work: Path, spec: MetaWorldCollectSpec) -> float:
+def _load_state(work: Path, spec: CollectSpec) -> float:
     """Check a resumed collection matches `spec`; return the seconds already spent on it."""
     state_path = work / "state.json"
     if not state_path.exists():
@@ -128,9 +129,9 @@ def _read_failures(path: Path) -> list[dict]:
     return failures
 
 
-def collect_metaworld(
+def collect_demos(
     root: Path,
-    spec: MetaWorldCollectSpec,
+    spec: CollectSpec,
     workers: int = 1,
     resume: bool = False,
     overwrite: bool = False,
@@ -221,7 +222,7 @@ def _raise_keyboard_interrupt(signum, frame):
 
 
 def _run_workers(
-    spec: MetaWorldCollectSpec, work: Path, scheduler: SeedScheduler, workers: int, per_part: int, on_episode
+    spec: CollectSpec, work: Path, scheduler: SeedScheduler, workers: int, per_part: int, on_episode
 ):
     """Run the episodes in worker processes; `on_episode()` after each (records the elapsed time, so
     a resume after a hard kill still counts the time spent before it)."""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dvla.sim.recording import SIM_STATE_KEY, FrameError, PartWriter, image_key, metaworld_features
+from dvla.sim.environments import get_environment
+from dvla.sim.recording import SIM_STATE_KEY, FrameError, PartWriter, image_key
 from dvla.sim.tasks import TRAIN_SEED_LIMIT
 
 LOCK_FILE = "lock"
@@ -22,8 +23,8 @@ COLLECTION_KINDS = ("demos", "scenes")
 
 
 @dataclass
-class MetaWorldCollectSpec:
-    """What a MetaWorld collection records; a resumed collection must match it exactly."""
+class CollectSpec:
+    """What a collection records; a resumed collection must match it exactly."""
 
     tasks: list[str]
     episodes: int
@@ -49,6 +50,8 @@ class MetaWorldCollectSpec:
     # back (DART, Laskey et al. 2017). 0 = the expert alone.
     action_noise: float = 0.0
     action_noise_steps: int = 8
+    # The simulator (dvla.sim.environments): metaworld or aloha.
+    env: str = "metaworld"
 
     def __post_init__(self):
         if self.kind not in COLLECTION_KINDS:
@@ -77,7 +80,7 @@ class MetaWorldCollectSpec:
             )
 
 
-def _frame(obs: dict, raw_obs: np.ndarray | None, action, reward: float, success: bool) -> dict:
+def episode_frame(obs: dict, raw_obs: np.ndarray | None, action, reward: float, success: bool) -> dict:
     """One recorded frame: the observation, then the action taken and what followed it."""
     frame = {image_key(c): img for c, img in obs["images"].items()}
     frame["observation.state"] = obs["state"]
@@ -109,7 +112,7 @@ def run_expert_episode(
         if noise > 0 and step % noise_steps == 0:
             push[:3] = rng.uniform(-noise, noise, 3)
         next_obs, reward, terminated, truncated, info = env.step(np.clip(action + push, -1.0, 1.0))
-        frames.append(_frame(obs, raw_obs, action, reward, info["success"]))
+        frames.append(episode_frame(obs, raw_obs, action, reward, info["success"]))
         if terminated or truncated:
             break
         obs = next_obs
@@ -133,22 +136,17 @@ def run_scene_walk(env, seed: int, n_frames: int, walk_steps: int) -> list[dict]
                 success |= env.step_unrendered(action)
             obs, _, step_success, _, _ = env.step(action)
             success |= step_success
-        frames.append(_frame(seen, raw_obs, action, 0.0, success))  # no reward is recorded for scenes
+        frames.append(episode_frame(seen, raw_obs, action, 0.0, success))  # no reward is recorded for scenes
     return frames
 
 
-def _make_env(spec: MetaWorldCollectSpec, task: str):
-    from dvla.sim.experts import ScriptedExpert
-    from dvla.sim.metaworld_env import MetaWorldEnv, MetaWorldEnvConfig
+def _make_env(spec: CollectSpec, task: str):
+    from dvla.sim.environments import get_environment
 
-    config = MetaWorldEnvConfig(
-        task=task,
-        cameras=spec.cameras,
-        image_size=spec.image_size,
-        shadow_size=spec.shadow_size,
-        max_episode_steps=spec.max_episode_steps,
-    )
-    return MetaWorldEnv(config), ScriptedExpert(task)
+    environment = get_environment(spec.env)
+    shape = environment.image_shape(spec.image_size)
+    env = environment.make(task, spec.cameras, shape, spec.shadow_size, spec.max_episode_steps)
+    return env, environment.make_expert(task)
 
 
 def _quiet_libraries() -> None:
@@ -159,7 +157,7 @@ def _quiet_libraries() -> None:
     av.logging.set_level(av.logging.ERROR)  # the mp4 muxer reports each file it rewrites
 
 
-def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs, results, stop) -> None:
+def worker_main(spec: CollectSpec, work_dir: Path, per_part: int, jobs, results, stop) -> None:
     """Run (task, seed) jobs; write successful episodes to this worker's own parts.
 
     Messages to the main process: ("episode", task, seed, success, length, error or None),
@@ -173,7 +171,9 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
     lock = (work_dir / LOCK_FILE).open("a")
     fcntl.flock(lock, fcntl.LOCK_SH)  # held until exit: a resume waits for every worker to be gone
     parent = mp.parent_process()
-    features = metaworld_features(spec.cameras, spec.image_size, spec.use_videos, spec.sim_state)
+    environment = get_environment(spec.env)
+    shape = environment.image_shape(spec.image_size)
+    features = environment.features(spec.cameras, shape, spec.use_videos, spec.sim_state)
     env, expert, part = None, None, None
     try:
         while not stop.is_set() and (parent is None or parent.is_alive()):
@@ -190,19 +190,15 @@ def worker_main(spec: MetaWorldCollectSpec, work_dir: Path, per_part: int, jobs,
                     if env is not None:
                         env.close()
                     env, expert = _make_env(spec, task)
-                if spec.kind == "scenes":
-                    frames = run_scene_walk(env, seed, spec.scene_frames, spec.scene_walk_steps)
-                    success = True  # nothing to succeed at: every scene is kept
-                else:
-                    frames, success = run_expert_episode(
-                        env, expert, seed, spec.sim_state, spec.action_noise, spec.action_noise_steps
-                    )
+                frames, success = environment.record_demo(env, expert, seed, spec)
             except Exception as exc:  # an unstable simulation or a failing expert: a failed episode
                 frames, success, error = [], False, f"{type(exc).__name__}: {exc}"
             if success:
                 if part is None:
                     name = f"part-{time.time_ns()}-{mp.current_process().pid}"
-                    part = PartWriter(work_dir / "parts" / name, features, env.fps, spec.use_videos)
+                    part = PartWriter(
+                        work_dir / "parts" / name, features, env.fps, spec.use_videos, environment.robot_type
+                    )
                 try:
                     part.add_episode(frames, task, seed)
                 except FrameError as exc:  # rejected before anything was written

@@ -1,4 +1,4 @@
-"""`dvla collect`: record scripted MetaWorld demonstrations (LeRobot dataset) or VQA scenes."""
+"""`dvla collect`: record scripted demonstrations (MetaWorld or ALOHA, LeRobot datasets) or VQA scenes."""
 
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ class CollectConfig:
 
     Examples:
       dvla collect --tasks pick-place-v3,door-open-v3 --episodes 20 --root data/two_tasks
+      dvla collect --env aloha --tasks transfer_cube --episodes 50 --workers 2 --root data/aloha_cube
       dvla collect --suite mt10 --episodes 50 --workers 2 --root data/mt10
       dvla collect --suite vqa-scenes --scenes 5000 --root data/vqa_scenes
       dvla collect --suite mt10 --kind scenes --episodes 600 --seed_start 100 --root data/mt10_scenes
     """
 
-    # Comma-separated MetaWorld task names, e.g. pick-place-v3,door-open-v3 (or use --suite).
+    # The simulator: metaworld (Sawyer arm, 50 tasks) or aloha (bimanual, transfer_cube and insertion).
+    env: str = "metaworld"
+    # Comma-separated task names, e.g. pick-place-v3,door-open-v3 or transfer_cube (or use --suite).
     tasks: str | None = None
-    # A named suite instead of --tasks: mt10, mt50, easy, medium, hard, very_hard, or vqa-scenes.
+    # A named suite instead of --tasks: mt10, mt50, easy, medium, hard, very_hard, vqa-scenes;
+    # for aloha, all.
     suite: str | None = None
     # Output folder (the LeRobot dataset root, or the VQA dataset folder). Required.
     root: str | None = None
@@ -48,10 +52,12 @@ class CollectConfig:
     action_noise_steps: int = 8
     # Number of VQA scenes for the i.i.d. train/val/test splits (--suite vqa-scenes).
     scenes: int = 1000
-    # Square image size in pixels.
-    image_size: int = 128
-    # Comma-separated cameras: corner2 (lerobot's view), topview, behindGripper, gripperPOV, corner, corner3.
-    cameras: str = "corner2"
+    # Image height in pixels; None = the environment's: 128 x 128 for MetaWorld, 480 x 640 for
+    # ALOHA (lerobot's; a smaller height keeps its 3:4 aspect ratio).
+    image_size: int | None = None
+    # Comma-separated cameras; None = the environment's default (corner2 for MetaWorld, top for
+    # ALOHA). MetaWorld: corner2 (lerobot's view), topview, behindGripper, gripperPOV, corner, corner3.
+    cameras: str | None = None
     # Parallel worker processes (each renders with its own GL context).
     workers: int = 1
     # Continue an interrupted collection in --root (same settings required).
@@ -64,10 +70,11 @@ class CollectConfig:
     shadow_size: int = 0
     # Also record MetaWorld's full 39-D observation (object and goal positions) as `sim.state`: no
     # policy input, but a target dvla can learn to predict from the cameras (dvla train
-    # --dataset.sim_state_key sim.state).
-    sim_state: bool = True
-    # Step limit per expert episode (MetaWorld allows 500).
-    max_episode_steps: int = 500
+    # --dataset.sim_state_key sim.state). None = on for MetaWorld, off for ALOHA (which has none).
+    sim_state: bool | None = None
+    # Step limit per expert episode; None = the environment's (MetaWorld 500, ALOHA 400: every
+    # ALOHA episode is recorded to its end, like the hub's scripted datasets).
+    max_episode_steps: int | None = None
     # Episodes a worker writes before it commits a part (smaller = less lost on a hard kill).
     episodes_per_part: int = 10
     # Seed of the VQA scene generator.
@@ -94,40 +101,36 @@ def run(config: CollectConfig) -> dict:
         report = build_vqa_dataset(
             root,
             scenes=config.scenes,
-            image_size=config.image_size,
+            image_size=config.image_size or 128,
             seed=config.seed,
             resume=config.resume,
             overwrite=config.overwrite,
         )
     else:
-        from dvla.sim.collect import MetaWorldCollectSpec, collect_metaworld
-        from dvla.sim.tasks import resolve_tasks
+        from dvla.sim.collect import CollectSpec, collect_demos
+        from dvla.sim.environments import get_environment
 
-        spec = MetaWorldCollectSpec(
-            tasks=resolve_tasks(config.tasks, config.suite),
+        environment = get_environment(config.env)
+        cameras = config.cameras or ",".join(environment.default_cameras)
+        spec = CollectSpec(
+            tasks=environment.resolve_tasks(config.tasks, config.suite),
             episodes=config.episodes,
-            cameras=[c.strip() for c in config.cameras.split(",") if c.strip()],
-            image_size=config.image_size,
+            cameras=[c.strip() for c in cameras.split(",") if c.strip()],
+            image_size=config.image_size or environment.image_shape(None)[0],
             use_videos=config.videos,
             shadow_size=config.shadow_size,
-            max_episode_steps=config.max_episode_steps,
-            sim_state=config.sim_state,
+            max_episode_steps=config.max_episode_steps or environment.default_episode_steps,
+            sim_state=config.sim_state if config.sim_state is not None else environment.name == "metaworld",
             kind=config.kind,
             scene_frames=config.scene_frames,
             scene_walk_steps=config.scene_walk_steps,
             seed_start=config.seed_start,
             action_noise=config.action_noise,
             action_noise_steps=config.action_noise_steps,
+            env=environment.name,
         )
-        from dvla.sim.metaworld_env import MetaWorldEnvConfig
-
-        MetaWorldEnvConfig(  # validates cameras, image size and step limit before any work starts
-            task=spec.tasks[0],
-            cameras=spec.cameras,
-            image_size=spec.image_size,
-            max_episode_steps=spec.max_episode_steps,
-        )
-        report = collect_metaworld(
+        check_spec(environment, spec)
+        report = collect_demos(
             root,
             spec,
             workers=config.workers,
@@ -135,12 +138,31 @@ def run(config: CollectConfig) -> dict:
             overwrite=config.overwrite,
             episodes_per_part=config.episodes_per_part,
         )
-        print(format_metaworld_report(report))
+        print(format_collect_report(report))
     print(json.dumps({k: v for k, v in report.items() if k not in ("per_task", "spec")}, indent=2))
     return report
 
 
-def format_metaworld_report(report: dict) -> str:
+def check_spec(environment, spec) -> None:
+    """Refuse settings the environment cannot record, before any work starts."""
+    environment.check_camera_names(spec.cameras)
+    if not 1 <= spec.max_episode_steps <= environment.max_episode_steps:
+        raise ValueError(
+            f"--max_episode_steps must be in [1, {environment.max_episode_steps}] for {environment.name}, "
+            f"got {spec.max_episode_steps}"
+        )
+    if spec.image_size < 16:
+        raise ValueError(f"--image_size must be >= 16, got {spec.image_size}")
+    shape = environment.image_shape(spec.image_size)
+    environment.features(spec.cameras, shape, spec.use_videos, spec.sim_state)  # refuses what it cannot
+    if environment.name != "metaworld" and (spec.kind != "demos" or spec.action_noise):
+        raise ValueError(
+            f"{environment.name} collects expert demonstrations only (no --kind scenes or --action_noise)"
+        )
+    environment.make(spec.tasks[0], spec.cameras, shape, spec.shadow_size, spec.max_episode_steps).close()
+
+
+def format_collect_report(report: dict) -> str:
     """A markdown table of the expert's success rate and episode lengths per task."""
     lines = [
         "| task | episodes | expert success | mean length |",

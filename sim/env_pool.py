@@ -1,4 +1,4 @@
-"""MetaWorld environments in worker processes, stepped together (a small vectorised env).
+"""Simulated environments in worker processes, stepped together (a small vectorised env).
 
 Unlike gymnasium's vector envs, each slot can switch task between episodes, so one pool runs a
 whole suite: the caller resets slot i to (task, seed) whenever its episode ends. Each worker owns
@@ -11,11 +11,9 @@ import contextlib
 import multiprocessing as mp
 import signal
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
-
-from dvla.sim.metaworld_env import MetaWorldEnvConfig
 
 
 @dataclass
@@ -27,8 +25,21 @@ class StepResult:
     info: dict
 
 
-def _worker(conn, base: MetaWorldEnvConfig) -> None:
-    from dvla.sim.metaworld_env import MetaWorldEnv
+@dataclass
+class PoolEnvConfig:
+    """What every environment of a pool shares: `dvla.sim.environments` name and `make` arguments."""
+
+    env: str
+    cameras: list[str]
+    image_shape: tuple[int, int]
+    max_episode_steps: int
+    shadow_size: int = 0
+
+
+def _worker(conn, base: PoolEnvConfig) -> None:
+    from dvla.sim.environments import get_environment
+
+    environment = get_environment(base.env)
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and closes the pool
     env = None
@@ -43,7 +54,9 @@ def _worker(conn, base: MetaWorldEnvConfig) -> None:
                     if env is None or env.task != task:
                         if env is not None:
                             env.close()
-                        env = MetaWorldEnv(replace(base, task=task))
+                        env = environment.make(
+                            task, base.cameras, base.image_shape, base.shadow_size, base.max_episode_steps
+                        )
                     conn.send(("ok", env.reset(seed=seed)[0]))
                 elif command == "step":
                     conn.send(("ok", StepResult(*env.step(payload))))
@@ -60,7 +73,7 @@ def _worker(conn, base: MetaWorldEnvConfig) -> None:
 class EnvPool:
     """`size` worker processes; `reset({slot: (task, seed)})` and `step({slot: action})` run in parallel."""
 
-    def __init__(self, size: int, env_config: MetaWorldEnvConfig):
+    def __init__(self, size: int, env_config: PoolEnvConfig):
         if size < 1:
             raise ValueError(f"the pool needs at least one worker, got {size}")
         context = mp.get_context("spawn")

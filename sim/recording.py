@@ -19,7 +19,7 @@ import numpy as np
 from dvla.sim.metaworld_env import ACTION_DIM, SIM_STATE_DIM, STATE_DIM
 
 PART_MANIFEST = "part.json"
-ROBOT_TYPE = "sawyer"
+ROBOT_TYPE = "sawyer"  # MetaWorld's arm; other environments pass their own
 # MetaWorld's full 39-D observation (hand, object poses, goal). Deliberately not under "observation.":
 # lerobot policies would take it as an input there, and the real env gives policies no such thing.
 # dvla can learn to predict it from the cameras, as an auxiliary training target
@@ -110,7 +110,7 @@ def write_json_atomic(path: Path, payload: dict | list) -> None:
 class PartWriter:
     """Appends episodes to one part dataset; `commit()` finalizes it and writes its manifest."""
 
-    def __init__(self, path: Path, features: dict, fps: int, use_videos: bool):
+    def __init__(self, path: Path, features: dict, fps: int, use_videos: bool, robot_type: str = ROBOT_TYPE):
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
         self.path = path
@@ -121,7 +121,7 @@ class PartWriter:
             fps=fps,
             features=features,
             root=path,
-            robot_type=ROBOT_TYPE,
+            robot_type=robot_type,
             use_videos=use_videos,
             video_backend=VIDEO_BACKEND,
             # Encode each camera stream while frames arrive (2x faster than writing PNGs, then encoding).

@@ -7,12 +7,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest
 
-from dvla.sim.collect import MetaWorldCollectSpec, collect_metaworld
+from dvla.sim.collect import CollectSpec, collect_demos
 
 TINY_TASKS = ["reach-v3", "door-open-v3"]
 
 
-def tiny_spec(**overrides) -> MetaWorldCollectSpec:
+def tiny_spec(**overrides) -> CollectSpec:
     values = dict(
         tasks=list(TINY_TASKS),
         episodes=2,
@@ -23,14 +23,14 @@ def tiny_spec(**overrides) -> MetaWorldCollectSpec:
         max_episode_steps=200,
     )
     values.update(overrides)
-    return MetaWorldCollectSpec(**values)
+    return CollectSpec(**values)
 
 
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """Two easy tasks x two expert episodes, two cameras at 64 px, recorded by two workers."""
     root = tmp_path_factory.mktemp("collect") / "tiny"
-    report = collect_metaworld(root, tiny_spec(), workers=2, episodes_per_part=1)
+    report = collect_demos(root, tiny_spec(), workers=2, episodes_per_part=1)
     return root, report
 
 
@@ -39,7 +39,7 @@ def tiny_scenes(tmp_path_factory):
     """The same two tasks x two scenes without an expert (seeds 100, 101), three frames each."""
     root = tmp_path_factory.mktemp("collect") / "scenes"
     spec = tiny_spec(kind="scenes", scene_frames=3, scene_walk_steps=4, seed_start=100)
-    report = collect_metaworld(root, spec, workers=1)
+    report = collect_demos(root, spec, workers=1)
     return root, report
 
 

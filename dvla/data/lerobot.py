@@ -143,6 +143,7 @@ class LeRobotChunks(torch.utils.data.Dataset):
                 )
         self.cameras = resolve_cameras(config, features)
         self.fps = meta.fps
+        self.robot_type = meta.robot_type  # which simulator (dvla.sim.environments) can evaluate it
         self.state_dim = int(np.prod(features[config.state_key]["shape"]))
         self.action_dim = int(np.prod(features[config.action_key]["shape"]))
         sim_key = config.sim_state_key

@@ -1,4 +1,4 @@
-"""`dvla rollout`: closed-loop MuJoCo evaluation of a checkpoint with lerobot's MetaWorld protocol.
+"""`dvla rollout`: closed-loop MuJoCo evaluation of a checkpoint with lerobot's protocol.
 
 Episodes run in an `EnvPool` (one environment per worker process); the policy plans for every
 episode whose action queue is empty in one batch, executes `n_action_steps` actions of each chunk
@@ -64,6 +64,42 @@ def _caption(episode: Episode, done: bool) -> list[str]:
     return [episode.instruction, f"{episode.task}  seed {episode.seed}  step {episode.steps}  {status}"]
 
 
+def resolve_environment(config: RolloutConfig, info: dict):
+    """The environment to evaluate in: --env, else the one whose robot the checkpoint was trained
+    on (checkpoints that do not record it were trained on MetaWorld); sets config.env and the
+    environment's default step limit."""
+    from dvla.sim.environments import environment_for_robot, get_environment
+
+    if config.env is None:
+        robot = info.get("robot_type")
+        config.env = environment_for_robot(robot) if robot else "metaworld"
+    environment = get_environment(config.env)
+    config.max_steps = config.max_steps or environment.default_episode_steps
+    if config.max_steps > environment.max_episode_steps:
+        raise ValueError(
+            f"max_steps must be in [1, {environment.max_episode_steps}] for {environment.name}, "
+            f"got {config.max_steps}"
+        )
+    return environment
+
+
+def check_fits_environment(environment, state_dim: int, action_dim: int, cameras: list[str]) -> None:
+    """Refuse a policy whose dimensions or cameras the environment does not have, naming both."""
+    if (state_dim, action_dim) != (environment.state_dim, environment.action_dim):
+        raise ValueError(
+            f"{environment.name} has {environment.state_dim}-D states and "
+            f"{environment.action_dim}-D actions; "
+            f"the checkpoint has {state_dim}-D states and {action_dim}-D actions. Evaluate it in the "
+            "environment it was trained for (--env)."
+        )
+    missing = [c for c in cameras if c not in environment.cameras]
+    if missing:
+        raise ValueError(
+            f"the checkpoint reads camera(s) {missing}, which {environment.name} does not have "
+            f"({', '.join(environment.cameras)})"
+        )
+
+
 def make_actor(config: RolloutConfig, device: torch.device, precision: str):
     """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained
     on, on `device` under the resolved `precision` ("bf16" or "no")."""
@@ -75,6 +111,7 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
     lerobot_path = resolve_lerobot_policy(config.checkpoint)
     if lerobot_path is not None:
         actor = LeRobotActor(lerobot_path, device, autocast)
+        resolve_environment(config, {})
         return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_size
     checkpoint = resolve_checkpoint(config.checkpoint)
     policy = DiffusionVLAPolicy.from_pretrained(
@@ -83,11 +120,9 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
         device,
     )
     model_config = policy.model.config
-    if model_config.action_dim != 4 or model_config.state_dim != 4:
-        raise ValueError(
-            f"MetaWorld has 4-D states and actions; the checkpoint has state/action dims "
-            f"{model_config.state_dim}/{model_config.action_dim}"
-        )
+    environment = resolve_environment(config, checkpoint_info(checkpoint))
+    dims = (model_config.state_dim, model_config.action_dim)
+    check_fits_environment(environment, *dims, policy.action_cameras)
     actor = DVLAActor(policy, autocast)
     return actor, checkpoint, checkpoint_info(checkpoint), model_config.vision.image_size
 
@@ -99,16 +134,20 @@ def rollout(config: RolloutConfig) -> dict:
 
 
 def _rollout(config: RolloutConfig) -> dict:
-    from dvla.sim.tasks import resolve_tasks, task_description
+    from dvla.sim.environments import get_environment
 
-    tasks = resolve_tasks(config.tasks, config.suite)
     device = resolve_device(config.device)
     precision = resolve_precision(config.mixed_precision, device)  # "auto" -> what the episodes run in
     actor, checkpoint, info, image_size = make_actor(config, device, precision)
-    instructions = {task: task_description(task) for task in tasks}
+    environment = get_environment(config.env)
+    tasks = environment.resolve_tasks(config.tasks, config.suite)
+    instructions = {task: environment.instruction(task) for task in tasks}
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
-    image_size = config.image_size or image_size or 128
+    if environment.name == "metaworld":  # renders at the policy's own size, as it was recorded
+        image_size = config.image_size or image_size or 128
+    else:
+        image_size = config.image_size
     protocol = rollout_protocol(config, checkpoint, image_size, device.type, precision)
     wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
     partial = load_partial(output, protocol, config.resume, wanted)
@@ -124,7 +163,7 @@ def _rollout(config: RolloutConfig) -> dict:
         instructions,
         config,
         image_size=image_size,
-        fps=int(info.get("fps") or 80),
+        fps=int(info.get("fps") or environment.fps),
         kept=partial["episodes"] if partial else None,
         on_episode=save_progress,
     )
@@ -142,7 +181,7 @@ def run_episodes(
     actor,
     instructions: dict[str, str],
     config: RolloutConfig,
-    image_size: int,
+    image_size: int | None,
     fps: int,
     kept: dict[str, list[dict]] | None = None,
     on_episode=None,
@@ -155,15 +194,15 @@ def run_episodes(
     from tqdm import tqdm
 
     from dvla.eval.video import compose_frame, write_mp4
-    from dvla.sim.env_pool import EnvPool
-    from dvla.sim.metaworld_env import CAMERAS, MetaWorldEnvConfig
+    from dvla.sim.env_pool import EnvPool, PoolEnvConfig
+    from dvla.sim.environments import get_environment
 
     tasks = list(instructions)
-    if any(c not in CAMERAS for c in actor.cameras):
-        raise ValueError(f"the policy's cameras {actor.cameras} are not all MetaWorld cameras {CAMERAS}")
-    env_config = MetaWorldEnvConfig(
-        task=tasks[0], cameras=list(actor.cameras), image_size=image_size, max_episode_steps=config.max_steps
-    )
+    environment = get_environment(config.env or "metaworld")
+    environment.check_camera_names(list(actor.cameras))
+    shape = environment.image_shape(image_size)
+    env_config = PoolEnvConfig(environment.name, list(actor.cameras), shape, config.max_steps)
+    environment.make(tasks[0], env_config.cameras, shape, 0, config.max_steps).close()  # checks it all
     video_dir = Path(config.video_dir) if config.video_dir else Path(config.output_dir) / "videos"
     seeds = [config.seed_start + i for i in range(config.episodes)]
     finished: dict[str, list[dict]] = {task: list((kept or {}).get(task, [])) for task in tasks}

@@ -12,9 +12,10 @@ from dvla.training.precision import check_precision
 
 @dataclass
 class RolloutConfig:
-    """Evaluate a checkpoint by MuJoCo rollouts with lerobot's MetaWorld protocol.
+    """Evaluate a checkpoint by MuJoCo rollouts with lerobot's protocol (MetaWorld or ALOHA).
 
     Examples:
+      dvla rollout --checkpoint outputs/train/aloha_cube --env aloha --tasks transfer_cube --episodes 50
       dvla rollout --checkpoint outputs/train/mt10/checkpoints/step-00004000 --suite mt10 --episodes 20
       dvla rollout --checkpoint CKPT --tasks reach-v3 --episodes 5 --decode.steps 2 --n_action_steps 4
       dvla rollout --checkpoint CKPT --suite mt10 --output_dir outputs/rollout/run1 --resume  # after a stop
@@ -22,15 +23,18 @@ class RolloutConfig:
 
     # A checkpoint folder written by `dvla train` (…/checkpoints/step-N).
     checkpoint: str | None = None
-    # Comma-separated MetaWorld task names (or use --suite).
+    # The simulator: metaworld or aloha; None = the one whose robot the checkpoint was trained on.
+    env: str | None = None
+    # Comma-separated task names (or use --suite).
     tasks: str | None = None
-    # A named suite instead of --tasks: mt10, mt50, easy, medium, hard, very_hard.
+    # A named suite instead of --tasks: mt10, mt50, easy, medium, hard, very_hard (MetaWorld), all (ALOHA).
     suite: str | None = None
     # Episodes per task, on evaluation seeds seed_start, seed_start + 1, ... (never training seeds).
     episodes: int = 10
     seed_start: int = EVAL_SEED_START
-    # Episode step limit (MetaWorld allows at most 500); success = info["success"] at any step.
-    max_steps: int = 500
+    # Episode step limit; None = the environment's (MetaWorld 500, ALOHA 400). Success =
+    # info["success"] at any step.
+    max_steps: int | None = None
     # Actions executed from each chunk before re-planning (receding horizon); None = half the chunk.
     n_action_steps: int | None = None
     # How action chunks are decoded; by default in one step (ACTION_DECODE_STEPS in backbone/decoder.py).
@@ -41,7 +45,8 @@ class RolloutConfig:
     hooks: PolicyHooksConfig = field(default_factory=PolicyHooksConfig)
     # Environment worker processes; episodes run in parallel and the policy sees them as one batch.
     workers: int = 2
-    # Render size; None = the checkpoint's vision.image_size.
+    # Rendered image height; None = the checkpoint's vision.image_size for MetaWorld, lerobot's
+    # 480 x 640 for ALOHA (the policy resizes as in training).
     image_size: int | None = None
     # Where report.json, report.md and videos/ go.
     output_dir: str = "outputs/rollout"
@@ -62,15 +67,15 @@ class RolloutConfig:
     def __post_init__(self):
         if not self.checkpoint:
             raise ValueError("--checkpoint is required: a folder written by `dvla train`")
-        for name in ("episodes", "max_steps", "workers"):
+        for name in ("episodes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seed_start < EVAL_SEED_START:
             raise ValueError(
                 f"seed_start {self.seed_start} < {EVAL_SEED_START}: seeds below it are training seeds"
             )
-        if not 1 <= self.max_steps <= 500:
-            raise ValueError(f"max_steps must be in [1, 500], got {self.max_steps}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.image_size is not None and self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 (or unset: the checkpoint's), got {self.image_size}")
         if self.videos_per_task < 0:

@@ -84,6 +84,7 @@ class RunData:
             "dataset": ", ".join(dataset_name(d) for d in config.robot_datasets) or None,
             "vqa": config.vqa.root,
             "fps": robot.fps if robot else None,
+            "robot_type": robot.robot_type if robot else None,
             "cameras": robot.cameras if robot else {},
             "init_from": config.init_from,
             "perception": dataset_name(config.perception) if self.perception is not None else None,

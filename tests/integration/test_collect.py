@@ -15,7 +15,7 @@ import torch
 from conftest import TINY_TASKS, tiny_spec
 
 from dvla.data import LeRobotChunks, LeRobotDataConfig
-from dvla.sim.collect import REPORT_FILE, WORK_DIR, collect_metaworld
+from dvla.sim.collect import REPORT_FILE, WORK_DIR, collect_demos
 from dvla.sim.collect_worker import LOCK_FILE
 from dvla.sim.recording import PART_MANIFEST, metaworld_features, validate_frame
 
@@ -137,13 +137,13 @@ def test_existing_root_needs_resume_or_overwrite(tiny_dataset, tmp_path):
     root.mkdir()
     (root / "something.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="--resume.*--overwrite"):
-        collect_metaworld(root, tiny_spec())
+        collect_demos(root, tiny_spec())
     assert (root / "something.txt").read_text() == "keep me"
     with pytest.raises(ValueError, match="exclude"):
-        collect_metaworld(root, tiny_spec(), resume=True, overwrite=True)
+        collect_demos(root, tiny_spec(), resume=True, overwrite=True)
     # a finished collection resumed: nothing to do, nothing lost
     done_root, _ = tiny_dataset
-    assert collect_metaworld(done_root, tiny_spec(), resume=True) == json.loads(
+    assert collect_demos(done_root, tiny_spec(), resume=True) == json.loads(
         (done_root / "meta" / REPORT_FILE).read_text()
     )
 
@@ -153,7 +153,7 @@ def test_an_expert_that_never_succeeds_is_a_clear_error(tmp_path):
         tasks=["door-open-v3"], episodes=1, cameras=["corner2"], image_size=32, max_episode_steps=3
     )
     with pytest.raises(RuntimeError, match="no successful expert episode.*max_episode_steps"):
-        collect_metaworld(tmp_path / "never", spec)
+        collect_demos(tmp_path / "never", spec)
 
 
 def test_png_frames_instead_of_videos_and_no_sim_state(tmp_path):
@@ -163,7 +163,7 @@ def test_png_frames_instead_of_videos_and_no_sim_state(tmp_path):
     spec = tiny_spec(
         tasks=["reach-v3"], episodes=1, cameras=["topview"], image_size=32, use_videos=False, sim_state=False
     )
-    collect_metaworld(root, spec)
+    collect_demos(root, spec)
     ds = LeRobotDataset("local/png", root=root)
     assert ds.meta.features["observation.images.topview"]["dtype"] == "image"
     assert "sim.state" not in ds.meta.features
