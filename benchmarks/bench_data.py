@@ -117,7 +117,8 @@ def measure(root: Path, chunk: int, size: int, samples: int) -> dict:
     )
     row["dvla_cache_fill_with_workers"] = n / (time.perf_counter() - start)  # includes opening the dataset
     row["workers"] = min(4, os.cpu_count() or 1)
-    assert cached.cache.nbytes == n * 3 * size * size
+    h, w = cached.image_shapes["top"]  # the camera's aspect ratio is kept
+    assert cached.cache.nbytes == n * 3 * h * w and h == size
     row["cache_speedup"] = row["dvla_cache_one_process"] / row["lerobot_item_with_chunk"]
     row["uncached_speedup"] = row["dvla_uncached"] / row["lerobot_item_with_chunk"]
     return row
@@ -152,7 +153,9 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print(f"\n{HEIGHT}x{WIDTH} camera, {DIM}-D actions, chunk {args.chunk}, {args.image_size} px; frames/s")
+    print(
+        f"\n{HEIGHT}x{WIDTH} camera, {DIM}-D actions, chunk {args.chunk}, {args.image_size} px tall; frames/s"
+    )
     columns = {
         "lerobot item + chunk (before)": "lerobot_item_with_chunk",
         "lerobot item": "lerobot_item",

@@ -39,6 +39,7 @@ def build(action_head: str = "discrete", hidden: int = 256, layers: int = 4) -> 
         head=FlowHeadConfig() if action_head == "flow" else DiscreteHeadConfig(),
         chunk_size=16,
         action_dim=4,
+        state_dim=4,
     )
     return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).eval()
 

@@ -62,11 +62,12 @@ def transfer_cube_pick(state: dict) -> Plan:
     grasp = cube + np.array([0, -0.015, -0.045])
     right_plan = [
         Waypoint(0, right[:3], right[3:], CLOSED),
-        Waypoint(90, grasp + np.array([0, 0, 0.08]), pick, OPEN),
-        Waypoint(130, grasp, pick, OPEN),
-        Waypoint(170, grasp, pick, CLOSED),
-        Waypoint(200, MEET + np.array([0.05, 0, 0]), pick, CLOSED),
-        Waypoint(220, MEET, pick, CLOSED),
+        Waypoint(80, grasp + np.array([0, 0, 0.08]), pick, OPEN),
+        Waypoint(115, grasp, pick, OPEN),
+        Waypoint(LIFT[0], grasp, pick, CLOSED),
+        Waypoint(LIFT[0] + 15, grasp + np.array([0, 0, 0.03]), pick, CLOSED),  # off the table gently
+        Waypoint(LIFT[1], MEET + np.array([0.05, 0, 0]), pick, CLOSED),
+        Waypoint(LIFT[1] + 20, MEET, pick, CLOSED),
         Waypoint(HANDOVER, MEET, pick, CLOSED),
     ]
     left_plan = [
@@ -100,7 +101,8 @@ def transfer_cube_handover(state: dict) -> Plan:
 
 MEET = np.array([0.0, 0.5, 0.25])
 HANDOVER = 250  # the step the left gripper starts for the cube
-HANDOVER_OFFSET = np.array([0.05, 0.0, -0.03])  # left jaw centre from the cube, tuned
+LIFT = (150, 225)  # the right gripper has closed on the cube, and has lifted it beside the meeting point
+HANDOVER_OFFSET = np.array([0.07, 0.0, -0.03])  # left jaw centre from the cube, tuned
 
 
 def insertion_lift(state: dict) -> Plan:

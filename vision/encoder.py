@@ -25,12 +25,16 @@ class VisionConfig:
     model_name: str = "resnet10t"
     # Load timm's pretrained weights (needs the hub; off for offline use).
     pretrained: bool = False
-    # Images are resized to this square size before the encoder.
+    # Images are resized to this height before the encoder ...
     image_size: int = 128
+    # ... and this width; None = square. Training takes it from the data (a 480x640 camera at
+    # image_size 96 gives 128), so images keep their aspect ratio.
+    image_width: int | None = None
     # Tokens per camera after adaptive average pooling of the feature map; None keeps them all.
     tokens_per_camera: int | None = 16
-    # Camera names, in a fixed order: each gets a learned embedding.
-    cameras: list[str] = field(default_factory=lambda: ["corner2"])
+    # Camera names, in a fixed order: each gets a learned embedding. None = the dataset's cameras
+    # (and `scene` when co-training on VQA scenes), filled in when training starts.
+    cameras: list[str] | None = None
     # Random-shift augmentation in training: pad by this fraction of the size, crop back (DrQ).
     shift_fraction: float = 0.06
     # Spatial-softmax keypoints per camera (0 = none): each is a learned map over the feature grid
@@ -52,12 +56,19 @@ class VisionConfig:
             raise ValueError(
                 f"timm_kwargs {sorted(bad)} are not allowed; allowed: {sorted(ALLOWED_TIMM_KWARGS)}"
             )
-        if not self.cameras or len(set(self.cameras)) != len(self.cameras):
+        if self.cameras is not None and (not self.cameras or len(set(self.cameras)) != len(self.cameras)):
             raise ValueError(f"cameras must be non-empty and unique, got {self.cameras}")
         if self.tokens_per_camera is not None and self.tokens_per_camera < 1:
             raise ValueError(f"tokens_per_camera must be >= 1, got {self.tokens_per_camera}")
         if self.keypoints < 0:
             raise ValueError(f"keypoints must be >= 0, got {self.keypoints}")
+        if self.image_size < 8 or (self.image_width is not None and self.image_width < 8):
+            raise ValueError(f"image size {self.shape} is too small (>= 8 px each side)")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(height, width) the encoder reads."""
+        return self.image_size, self.image_width or self.image_size
         if not 0.0 <= self.shift_fraction < 0.5:
             raise ValueError(f"shift_fraction must be in [0, 0.5), got {self.shift_fraction}")
 
@@ -86,6 +97,7 @@ class VisionEncoder(nn.Module):
         width = self.backbone.num_features
         self.projector = nn.Sequential(nn.Linear(width, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
         self.camera_embed = nn.Embedding(len(config.cameras), out_dim)
+        self.grid = self._feature_grid()  # (h, w) of a CNN's feature map, None for a ViT
         self.tokens_per_camera = config.tokens_per_camera or self._count_tokens()
         self.token_embed = nn.Parameter(torch.zeros(self.tokens_per_camera, out_dim))
         nn.init.normal_(self.token_embed, std=0.02)
@@ -101,18 +113,24 @@ class VisionEncoder(nn.Module):
 
     def _count_tokens(self) -> int:
         with torch.no_grad():
-            probe = torch.zeros(1, 3, self.config.image_size, self.config.image_size)
-            return self._features(probe).shape[1]
+            return self._features(torch.zeros(1, 3, *self.config.shape)).shape[1]
+
+    def _feature_grid(self) -> tuple[int, int] | None:
+        """Probed in eval mode: batch norms keep their running statistics untouched."""
+        training = self.backbone.training
+        self.backbone.eval()
+        with torch.no_grad():
+            features = self.backbone.forward_features(torch.zeros(1, 3, *self.config.shape))
+        self.backbone.train(training)
+        return tuple(features.shape[-2:]) if features.dim() == 4 else None
 
     def preprocess(self, image: torch.Tensor, train: bool) -> torch.Tensor:
         """(B, 3, H, W) in [0, 1] -> resized, (in training) randomly shifted, normalised."""
-        size = self.config.image_size
-        if image.shape[-2:] != (size, size):
-            image = F.interpolate(
-                image, size=(size, size), mode="bilinear", antialias=True, align_corners=False
-            )
+        shape = self.config.shape
+        if image.shape[-2:] != shape:
+            image = F.interpolate(image, size=shape, mode="bilinear", antialias=True, align_corners=False)
         if train and self.config.shift_fraction > 0:
-            image = random_shift(image, round(size * self.config.shift_fraction))
+            image = random_shift(image, round(shape[0] * self.config.shift_fraction))
         return (image - self.mean) / self.std
 
     def _features(self, x: torch.Tensor) -> torch.Tensor:
@@ -123,16 +141,18 @@ class VisionEncoder(nn.Module):
         return features[:, self.num_prefix_tokens :]  # ViT: drop class/register tokens, (B, N, C)
 
     def _pooled(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, C) -> (B, K, C). A square grid of cells is pooled in 2-D to sqrt(K) x sqrt(K)
-        blocks, so each token covers a patch of the image rather than a stripe of rows."""
+        """(B, N, C) -> (B, K, C). A CNN's h x w grid of cells is pooled in 2-D to a kh x kw grid of
+        the same aspect (kh * kw = K), so each token covers a patch of the image rather than a
+        stripe of rows; other token counts are pooled in 1-D."""
         k = self.tokens_per_camera
         n = x.shape[1]
         if n == k:
             return x
-        side, k_side = math.isqrt(n), math.isqrt(k)
-        if side * side == n and k_side * k_side == k:
-            grid = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], side, side)  # (B, C, s, s)
-            return F.adaptive_avg_pool2d(grid, k_side).flatten(2).transpose(1, 2)  # (B, K, C)
+        h, w = self.grid if self.grid and self.grid[0] * self.grid[1] == n else (math.isqrt(n),) * 2
+        kh = max(1, round(math.sqrt(k * h / w)))
+        if h * w == n and k % kh == 0 and (h != w or kh * kh == k):  # square grids: square K only
+            grid = x.transpose(1, 2).reshape(x.shape[0], x.shape[2], h, w)  # (B, C, h, w)
+            return F.adaptive_avg_pool2d(grid, (kh, k // kh)).flatten(2).transpose(1, 2)  # (B, K, C)
         return F.adaptive_avg_pool1d(x.transpose(1, 2), k).transpose(1, 2)  # (B, K, C)
 
     def forward(

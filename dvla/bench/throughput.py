@@ -44,7 +44,9 @@ def _sync(device: torch.device) -> None:
 
 def default_model(device: torch.device) -> DiffusionVLA:
     """The default model size with the MetaWorld configs' inputs (2 cameras at 128 px, H=16, D=4)."""
-    config = DiffusionVLAConfig(vision=VisionConfig(cameras=CAMERAS, image_size=128))
+    config = DiffusionVLAConfig(
+        vision=VisionConfig(cameras=CAMERAS, image_size=128), action_dim=4, state_dim=4
+    )
     return DiffusionVLA(config, TextSpecials(vocab_size=1000, pad_id=0, eos_id=2)).to(device)
 
 

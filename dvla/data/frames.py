@@ -13,17 +13,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dvla.data.images import resize_frames
+from dvla.data.images import keep_aspect, resize_frames
 
 WINDOW = 64  # frames per video decoding call when caching: one seek each
+
+
+def camera_shape(feature: dict) -> tuple[int, int]:
+    """(height, width) of a LeRobot image or video feature, from its axis names ((H, W, C) if none)."""
+    shape, names = list(feature["shape"]), feature.get("names")
+    if isinstance(names, list) and "height" in names and "width" in names:
+        return int(shape[names.index("height")]), int(shape[names.index("width")])
+    if len(shape) == 3 and shape[0] == 3 and shape[2] != 3:  # channels first
+        return int(shape[1]), int(shape[2])
+    return int(shape[0]), int(shape[1])
 
 
 class FrameReader:
     """Rows of a (possibly episode-filtered) LeRobotDataset -> the chosen cameras' frames."""
 
-    def __init__(self, dataset, cameras: dict[str, str], size: int | None, table, video_backend: str):
-        self.dataset, self.cameras, self.size, self.table = dataset, cameras, size, table
+    def __init__(self, dataset, cameras: dict[str, str], height: int | None, table, video_backend: str):
+        """`height`: resize every camera to it, keeping its aspect ratio (None = the dataset's size)."""
+        self.dataset, self.cameras, self.table = dataset, cameras, table
         self.video_backend = video_backend
+        native = {name: camera_shape(dataset.meta.features[key]) for name, key in cameras.items()}
+        self.shapes = native if height is None else {n: keep_aspect(s, height) for n, s in native.items()}
         video_keys = set(dataset.meta.video_keys)
         self.video = {name: key for name, key in cameras.items() if key in video_keys}
         self.image = image = {name: key for name, key in cameras.items() if key not in video_keys}
@@ -33,16 +46,17 @@ class FrameReader:
         )
 
     def frame(self, index: int) -> dict[str, torch.Tensor]:
-        """One row: {camera: float (3, size, size) in [0, 1]}, the values lerobot gives, resized."""
+        """One row: {camera: float (3, h, w) in [0, 1]}, the values lerobot gives, resized."""
         return {
-            name: resize_frames(frames.float() / 255, self.size)[0]
+            name: resize_frames(frames.float() / 255, self.shapes[name])[0]
             for name, frames in self._read(index, index + 1).items()
         }
 
     def window(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        """Rows start..stop-1 of one episode: {camera: uint8 (n, 3, size, size)}, resized in uint8
+        """Rows start..stop-1 of one episode: {camera: uint8 (n, 3, h, w)}, resized in uint8
         (within one level of the float path)."""
-        return {name: resize_frames(frames, self.size) for name, frames in self._read(start, stop).items()}
+        frames = self._read(start, stop)
+        return {name: resize_frames(x, self.shapes[name]) for name, x in frames.items()}
 
     def _read(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         """{camera: uint8 (n, 3, H, W)} at the dataset's own size."""

@@ -42,7 +42,8 @@ class LeRobotDataConfig:
     sim_state_key: str | None = None
     # Action chunk length H: actions t .. t+H-1 (padded past the episode end).
     chunk_size: int = 16
-    # Resize images to this square size; None keeps the dataset's size.
+    # Resize images to this height, each camera keeping its aspect ratio (a 480x640 camera at 96
+    # becomes 96x128; square ones stay square); None keeps the dataset's size.
     image_size: int | None = None
     # Only these episode indices (None = all).
     episodes: list[int] | None = None
@@ -175,6 +176,7 @@ class LeRobotChunks(torch.utils.data.Dataset):
         self.frames = FrameReader(
             self.dataset, self.cameras, config.image_size, self.table, config.video_backend
         )
+        self.image_shapes = self.frames.shapes  # {camera: (h, w)} as training reads them
         self.cache = None
         if config.cache_frames:
             self.cache = FrameCache(self.frames, len(self.table), num_workers=min(4, os.cpu_count() or 1))

@@ -33,6 +33,7 @@ class ConcatChunks(torch.utils.data.ConcatDataset):
         self.parts = parts
         self.tasks = list(dict.fromkeys(task for part in parts for task in part.tasks))
         self.cameras, self.fps, self.robot_type = first.cameras, first.fps, first.robot_type
+        self.image_shapes = first.image_shapes
         self.state_dim, self.action_dim = first.state_dim, first.action_dim
         self.sim_state_dim = first.sim_state_dim
         states = [low_dim_values(p.dataset, p.config.state_key) for p in parts]  # [(N_i, S)]

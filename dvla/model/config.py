@@ -35,10 +35,11 @@ class DiffusionVLAConfig:
     # Research options (auxiliary targets, extra prefix tokens, ...), each off unless set;
     # docs/adapters.md describes each one and its measured effect.
     adapters: AdaptersConfig = field(default_factory=AdaptersConfig)
-    # Action chunk length H and action / state dimensions D and S.
+    # Action chunk length H and action / state dimensions D and S (None = the dataset's, filled in
+    # when training starts).
     chunk_size: int = 16
-    action_dim: int = 4
-    state_dim: int = 4
+    action_dim: int | None = None
+    state_dim: int | None = None
     # The state is normalised so that the data's q01..q99 spans [-1, 1], then clipped to
     # [-state_clip, state_clip]: at 1 a hand beyond the demonstrated range reads as standing still.
     state_clip: float = 1.0
@@ -51,7 +52,7 @@ class DiffusionVLAConfig:
 
     def __post_init__(self):
         for name in ("chunk_size", "action_dim", "state_dim", "max_text_tokens", "answer_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.state_clip < 1.0:
             raise ValueError(f"state_clip must be >= 1 (the data's own range), got {self.state_clip}")

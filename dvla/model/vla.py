@@ -58,6 +58,14 @@ class DiffusionVLA(nn.Module):
         """`backbone_config` rebuilds a saved backbone exactly (checkpoints); otherwise the backbone
         starts from scratch, or from `config.backbone.init_from` (a causal LM) when set."""
         super().__init__()
+        unset = [n for n in ("action_dim", "state_dim") if getattr(config, n) is None]
+        unset += ["vision.cameras"] if config.vision.cameras is None else []
+        if unset:
+            raise ValueError(
+                f"the model's {unset} are unset: "
+                "training fills them from the dataset (dvla.training.from_data); set them to build a model "
+                "without data"
+            )
         self.config, self.text = config, text
         bins = getattr(config.head, "bins", 0)  # action-bin tokens the head needs in the vocabulary
         self.backbone = self._build_backbone(config, text, bins, backbone_config)

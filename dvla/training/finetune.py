@@ -39,11 +39,17 @@ class TransferReport:
 
 
 def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> DiffusionVLAConfig:
-    """The checkpoint's architecture with the new run's data-facing settings and adapters."""
+    """The checkpoint's architecture with the new run's data-facing settings and adapters (those
+    the new run leaves unset, None, stay the checkpoint's)."""
+
+    def new_or_old(a, b):
+        return a if a is not None else b
+
     vision = replace(
         old.vision,
-        cameras=list(new.vision.cameras),
+        cameras=list(new_or_old(new.vision.cameras, old.vision.cameras)),
         image_size=new.vision.image_size,
+        image_width=new_or_old(new.vision.image_width, old.vision.image_width),
         shift_fraction=new.vision.shift_fraction,
         question_norm_stats=new.vision.question_norm_stats,
     )
@@ -51,8 +57,8 @@ def finetune_config(old: DiffusionVLAConfig, new: DiffusionVLAConfig) -> Diffusi
         old,
         vision=vision,
         chunk_size=new.chunk_size,
-        action_dim=new.action_dim,
-        state_dim=new.state_dim,
+        action_dim=new_or_old(new.action_dim, old.action_dim),
+        state_dim=new_or_old(new.state_dim, old.state_dim),
         state_clip=new.state_clip,
         head=_head(old.head, new.head),
         adapters=new.adapters,

@@ -34,6 +34,7 @@ from dvla.processor import Processor
 from dvla.training.checks import check_fits, check_perception_fits, note_shared_norm_stats
 from dvla.training.config import TrainConfig
 from dvla.training.finetune import init_from_checkpoint
+from dvla.training.from_data import fill_from_data
 from dvla.training.precision import resolve_precision
 
 CHECKPOINTS = "checkpoints"
@@ -241,7 +242,10 @@ def _set_aside(path: Path, err: BaseException, accelerator) -> None:
 def _new_model(config: TrainConfig, data: RunData, accelerator):
     """A fresh model (tokenizer trained on the run's text) or one initialised from a checkpoint,
     with the adapters' data-dependent settings taken from the data."""
-    model_config = replace(config.model, adapters=fit_to_data(config.model.adapters, data.facts()))
+    model_config, notes = fill_from_data(config.model, data.robot, data.vqa)
+    for note in notes:
+        accelerator.print(f"from the data: {note}")
+    model_config = replace(model_config, adapters=fit_to_data(model_config.adapters, data.facts()))
     if config.init_from:
         model, tokenizer, report = init_from_checkpoint(config.init_from, model_config)
         accelerator.print(f"init_from {config.init_from}: {report.summary()}")

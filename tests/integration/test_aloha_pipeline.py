@@ -6,6 +6,7 @@ import json
 import pytest
 from test_train import tiny_train_config
 
+from dvla.checkpoint import load_checkpoint
 from dvla.cli import main
 from dvla.data import LeRobotDataConfig
 from dvla.training.loop import train
@@ -38,10 +39,12 @@ def test_collected_dataset_has_the_hub_schema(aloha_dataset):
 
 def test_train_then_rollout_in_the_checkpoints_environment(aloha_dataset, tmp_path, capsys):
     config = tiny_train_config(aloha_dataset, tmp_path / "train", steps=2)
-    config.model.vision.cameras = ["top"]
-    config.model.state_dim = config.model.action_dim = 14
+    config.model.vision.cameras = None  # dimensions, cameras and aspect ratio come from the data
     config.dataset = LeRobotDataConfig(root=str(aloha_dataset), chunk_size=4, image_size=32)
     checkpoint = train(config).checkpoint
+    model, _, _ = load_checkpoint(checkpoint)
+    assert (model.config.state_dim, model.config.action_dim) == (14, 14)
+    assert model.config.vision.cameras == ["top"] and model.config.vision.shape == (32, 43)  # 3:4
     out = tmp_path / "rollout"
     args = ["rollout", "--checkpoint", str(checkpoint), "--tasks", "transfer_cube", "--episodes", "1"]
     args += ["--max_steps", "6", "--image_size", "48", "--videos_per_task", "1", "--output_dir", str(out)]

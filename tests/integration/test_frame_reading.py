@@ -11,7 +11,7 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetad
 
 from dvla.data import LeRobotChunks, LeRobotDataConfig
 from dvla.data.frames import FrameReader
-from dvla.data.images import resize_image
+from dvla.data.images import keep_aspect, resize_image
 from dvla.sim.recording import VIDEO_BACKEND
 
 CHUNK = 6
@@ -25,7 +25,8 @@ def _reference(root, chunk: int, episodes=None) -> LeRobotDataset:
                           video_backend=VIDEO_BACKEND)  # fmt: skip
 
 
-def _assert_same_samples(ours: LeRobotChunks, reference: LeRobotDataset, size, atol: float) -> None:
+def _assert_same_samples(ours: LeRobotChunks, reference: LeRobotDataset, height, atol: float) -> None:
+    """Every sample equal to lerobot's, its images resized to `height` with their aspect ratio."""
     assert len(ours) == len(reference)
     for index in range(len(ours)):  # every row, so every episode end and its padding
         mine, theirs = ours[index], reference[index]
@@ -34,7 +35,7 @@ def _assert_same_samples(ours: LeRobotChunks, reference: LeRobotDataset, size, a
         assert torch.equal(mine["actions"], theirs["action"].float())
         assert torch.equal(mine["actions_is_pad"], theirs["action_is_pad"])
         for name, key in ours.cameras.items():
-            expected = resize_image(theirs[key], size)
+            expected = resize_image(theirs[key], keep_aspect(theirs[key].shape[-2:], height))
             assert mine["images"][name].shape == expected.shape
             assert torch.allclose(mine["images"][name], expected, atol=atol), (index, name)
 

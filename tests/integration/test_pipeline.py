@@ -27,6 +27,7 @@ from dvla.sim.vqa_targets import CHANNELS
 from dvla.training.config import VQADataConfig
 from dvla.training.finetune import finetune_config, transfer_weights
 from dvla.training.loop import train
+from dvla.vision import VisionConfig
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +286,10 @@ def test_finetune_takes_the_adapters_and_head_training_settings_from_the_new_run
     """Adapters are copied generically (whatever is registered): the new run's set replaces the
     checkpoint's; the head keeps the checkpoint's architecture (bins) with the new run's
     training settings (its RUN_FIELDS); backbone and vision model stay the checkpoint's."""
-    old = DiffusionVLAConfig(
+    old = DiffusionVLAConfig(  # a checkpoint's: filled from its data
+        vision=VisionConfig(cameras=["corner2"]),
+        action_dim=4,
+        state_dim=4,
         backbone=BackboneSize(64, 128, 2, 4),
         head=DiscreteHeadConfig(bins=64),
         adapters=AdaptersConfig(

@@ -114,6 +114,17 @@ def test_a_square_feature_grid_is_pooled_in_blocks():
     assert encoder._pooled(torch.rand(2, 6, 3)).shape == (2, 4, 3)  # a non-square count pools in 1-D
 
 
+def test_a_wide_image_keeps_its_aspect_ratio_and_is_pooled_in_wide_blocks():
+    config = VisionConfig(image_size=64, image_width=128, tokens_per_camera=2, cameras=["top"])
+    encoder = VisionEncoder(config, 8)
+    assert config.shape == (64, 128) and encoder.grid == (2, 4)  # resnet10t: stride 32
+    grid = torch.arange(8.0).reshape(2, 4)
+    pooled = encoder._pooled(grid.reshape(1, 8, 1))
+    assert pooled.flatten().tolist() == [grid[:, :2].mean().item(), grid[:, 2:].mean().item()]
+    out = encoder({"top": torch.rand(3, 3, 480, 640)})  # resized to 64 x 128, not squashed
+    assert out.shape == (3, 2, 8)
+
+
 def test_vision_config_rejects_unknown_kwargs_and_models():
     with pytest.raises(ValueError, match="not allowed"):
         VisionConfig(timm_kwargs={"pretrained_cfg_overlay": {}})
@@ -219,6 +230,6 @@ def test_question_images_keep_their_own_batch_norm_statistics():
     with pytest.raises(ValueError, match="no batch norms"):
         VisionEncoder(
             VisionConfig(model_name="vit_tiny_patch16_224", image_size=32, timm_kwargs={"img_size": 32},
-                         question_norm_stats=True),
+                         question_norm_stats=True, cameras=["scene"]),
             out_dim=16,
         )  # fmt: skip
