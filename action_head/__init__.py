@@ -5,6 +5,7 @@ Importing this package registers the heads below; a new head is one module added
 
 from dvla.action_head.base import HEADS, ActionHead, HeadConfig, build_head, register_head
 from dvla.action_head.discrete import DiscreteHead, DiscreteHeadConfig
+from dvla.action_head.factored import FactoredHead, FactoredHeadConfig
 from dvla.action_head.flow import FlowHead, FlowHeadConfig
 from dvla.action_head.tokenizer import ActionTokenizer
 
@@ -14,6 +15,8 @@ __all__ = [
     "ActionTokenizer",
     "DiscreteHead",
     "DiscreteHeadConfig",
+    "FactoredHead",
+    "FactoredHeadConfig",
     "FlowHead",
     "FlowHeadConfig",
     "HeadConfig",

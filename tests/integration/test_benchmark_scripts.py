@@ -33,3 +33,14 @@ def test_bench_data_compares_lerobots_path_with_dvlas(tmp_path):
     for row in rows.values():
         assert row["frames"] == 80 and row["lerobot_item_with_chunk"] > 0
         assert row["cache_speedup"] == row["dvla_cache_one_process"] / row["lerobot_item_with_chunk"]
+
+
+def test_bench_layout_times_every_token_layout(tmp_path):
+    out = tmp_path / "layout.json"
+    stdout = _run("bench_layout.py", "--quick", "--chunk", "4", "--out", str(out))
+    results = json.loads(out.read_text())
+    tokens = {r["layout"]: r["tokens"] for r in results["rows"]}
+    assert tokens["discrete (1 value per token)"] == 4 * 14
+    assert tokens["factored, 14 values per token (one per step)"] == 4
+    assert all(r["train_samples_per_s"] > 0 and r["ms_1_steps"] > 0 for r in results["rows"])
+    assert "| factored, 7 values per token | 8 |" in stdout
