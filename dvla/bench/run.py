@@ -85,6 +85,7 @@ class Bench:
         c = self.config
         config = RolloutConfig(
             checkpoint=str(checkpoint),
+            env="metaworld",  # resolved up front: a finished run's saved config has it set
             tasks=",".join(tasks),
             episodes=c.episodes,
             seed_start=c.seed_start,
