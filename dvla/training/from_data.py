@@ -11,16 +11,20 @@ from dataclasses import replace
 from dvla.model.config import DiffusionVLAConfig
 from dvla.types import VQA_CAMERA
 
+QUESTIONS_ONLY_DIMS = 4
+
 
 def fill_from_data(model: DiffusionVLAConfig, robot, vqa) -> tuple[DiffusionVLAConfig, list[str]]:
     """The model config with unset fields taken from the robot data (LeRobotChunks or ConcatChunks)
     and the VQA scenes, and a line per field filled."""
     filled, notes = {}, []
-    if robot is not None:
-        for name in ("state_dim", "action_dim"):
-            if getattr(model, name) is None:
-                filled[name] = getattr(robot, name)
-                notes.append(f"model.{name} = {filled[name]} (the dataset's)")
+    for name in ("state_dim", "action_dim"):
+        if getattr(model, name) is None:
+            # a model trained on questions only never acts: it keeps MetaWorld's 4 (the former default)
+            filled[name] = getattr(robot, name) if robot is not None else QUESTIONS_ONLY_DIMS
+            notes.append(
+                f"model.{name} = {filled[name]} ({'the dataset' if robot is not None else 'no robot data'})"
+            )
     vision = model.vision
     if vision.cameras is None:
         cameras = [*(robot.cameras if robot is not None else []), *([VQA_CAMERA] if vqa is not None else [])]

@@ -68,6 +68,17 @@ def cotrained(tiny_dataset, tiny_vqa, tmp_path_factory):
     return train(config).checkpoint
 
 
+def test_a_questions_only_run_takes_its_camera_from_the_scenes(tiny_vqa, tmp_path):
+    config = tiny_train_config(
+        tiny_vqa, tmp_path / "vqa_only", steps=1, dataset=None,
+        vqa=VQADataConfig(root=str(tiny_vqa), image_size=32), tensorboard=False,
+    )  # fmt: skip
+    config.model.vision.cameras = None
+    model, _, _ = load_checkpoint(train(config).checkpoint)
+    assert model.config.vision.cameras == ["scene"]
+    assert (model.config.state_dim, model.config.action_dim) == (4, 4)  # never used: it only answers
+
+
 def test_vqa_data_config_errors():
     with pytest.raises(ValueError, match="needs vqa.images_per_batch"):
         VQADataConfig(root="x", extra_spatial_questions=2)
