@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dvla.backbone.decoder import DecodeConfig
+from dvla.backbone.schedule import mask_tokens, sample_times
 
 
 @dataclass
@@ -120,6 +121,22 @@ class ActionHead(nn.Module):
     ) -> tuple[torch.Tensor, int]:
         """An action chunk (B, H, D) in [-1, 1] and the backbone forwards it took after the prefix."""
         raise NotImplementedError
+
+
+def hide_chunk(values, is_pad, action_dim: int, hidden: int, full_mask_fraction: float, generator=None):
+    """The masked-diffusion corruption of a chunk of per-value tokens (B, H*D): a time t per sample
+    (t = 1, the whole chunk, for a `full_mask_fraction` of them), each value hidden (set to
+    `hidden`) with probability t, and values past the episode end always hidden.
+    Returns (noisy, masked, valid, t)."""
+    valid = (~is_pad).repeat_interleave(action_dim, dim=1)  # (B, H*D)
+    t = sample_times(values.shape[0], generator=generator)  # (B,)
+    if full_mask_fraction > 0:  # these samples hide the whole chunk
+        full = torch.rand(t.shape, generator=generator) < full_mask_fraction  # (B,)
+        t = torch.where(full, torch.ones_like(t), t)
+    t = t.to(values.device)
+    noisy, masked = mask_tokens(values, t, hidden, generator=generator)
+    noisy = noisy.masked_fill(~valid, hidden)  # past the episode end: always hidden
+    return noisy, masked, valid, t
 
 
 HEADS: dict[str, type[ActionHead]] = {}

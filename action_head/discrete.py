@@ -20,13 +20,13 @@ from dvla.action_head.base import (
     HeadConfig,
     HeadSpec,
     TrainingTarget,
+    hide_chunk,
     register_head,
 )
 from dvla.action_head.tokenizer import ActionTokenizer
 from dvla.backbone import layout
 from dvla.backbone.decoder import DecodeConfig, decode, decode_autoregressive
 from dvla.backbone.loss import masked_diffusion_loss
-from dvla.backbone.schedule import mask_tokens, sample_times
 
 
 @HeadConfig.register_subclass("discrete")
@@ -78,14 +78,10 @@ class DiscreteHead(ActionHead):
 
     def training_target(self, actions, is_pad, generator=None) -> TrainingTarget:
         bins = self.tokens.encode(actions).flatten(1)  # (B, H*D) in [0, bins)
-        valid = (~is_pad).repeat_interleave(self.spec.action_dim, dim=1)  # (B, H*D)
-        t = sample_times(bins.shape[0], generator=generator)  # (B,)
-        if self.config.full_mask_fraction > 0:  # these samples hide the whole chunk
-            full = torch.rand(t.shape, generator=generator) < self.config.full_mask_fraction  # (B,)
-            t = torch.where(full, torch.ones_like(t), t)
-        t = t.to(bins.device)
-        noisy, masked = mask_tokens(bins, t, self.config.bins, generator=generator)
-        noisy = noisy.masked_fill(~valid, self.config.bins)  # past the episode end: always hidden
+        c = self.config
+        noisy, masked, valid, t = hide_chunk(
+            bins, is_pad, self.spec.action_dim, c.bins, c.full_mask_fraction, generator
+        )
         extras = {"bins": bins, "valid": valid, "t": t, "masked": masked}
         return TrainingTarget(self.embed(noisy), extras)
 

@@ -18,11 +18,18 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from dvla.action_head.base import ActionHead, Backbone, HeadConfig, HeadSpec, TrainingTarget, register_head
+from dvla.action_head.base import (
+    ActionHead,
+    Backbone,
+    HeadConfig,
+    HeadSpec,
+    TrainingTarget,
+    hide_chunk,
+    register_head,
+)
 from dvla.action_head.tokenizer import ActionTokenizer
 from dvla.backbone.decoder import DecodeConfig, decode
 from dvla.backbone.loss import masked_diffusion_loss
-from dvla.backbone.schedule import mask_tokens, sample_times
 
 
 @HeadConfig.register_subclass("factored")
@@ -88,14 +95,10 @@ class FactoredHead(ActionHead):
 
     def training_target(self, actions, is_pad, generator=None) -> TrainingTarget:
         values = self.tokens.encode(actions).flatten(1)  # (B, H*D) in [0, levels)
-        valid = (~is_pad).repeat_interleave(self.spec.action_dim, dim=1)  # (B, H*D)
-        t = sample_times(values.shape[0], generator=generator)  # (B,)
-        if self.config.full_mask_fraction > 0:
-            full = torch.rand(t.shape, generator=generator) < self.config.full_mask_fraction  # (B,)
-            t = torch.where(full, torch.ones_like(t), t)
-        t = t.to(values.device)
-        noisy, masked = mask_tokens(values, t, self.levels, generator=generator)
-        noisy = noisy.masked_fill(~valid, self.levels)  # past the episode end: always hidden
+        c = self.config
+        noisy, masked, valid, t = hide_chunk(
+            values, is_pad, self.spec.action_dim, c.levels, c.full_mask_fraction, generator
+        )
         extras = {"values": values, "valid": valid, "t": t, "masked": masked}
         return TrainingTarget(self.embed(noisy), extras)
 

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from dvla.sim.environments import checked_action
 from dvla.sim.rendering import CameraRenderer
 
 STATE_DIM = ACTION_DIM = 14
@@ -182,11 +183,7 @@ class AlohaEnv(gym.Env):
     def _advance(self, action: np.ndarray) -> tuple[float, bool, dict]:
         if self._env is None or self._qpos is None:
             raise RuntimeError("call reset() before step()")
-        action = np.asarray(action, dtype=np.float64)
-        if action.shape != (ACTION_DIM,):
-            raise ValueError(f"action must have shape ({ACTION_DIM},), got {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action contains NaN or inf: {action}")
+        action = checked_action(action, ACTION_DIM, np.float64)
         timestep = self._env.step(action)
         self._qpos = timestep.observation["qpos"]
         self._steps += 1

@@ -13,7 +13,19 @@ from __future__ import annotations
 import importlib
 from typing import ClassVar
 
+import numpy as np
+
 BUILTIN = {"metaworld": "dvla.sim.metaworld", "aloha": "dvla.sim.aloha"}
+
+
+def checked_action(action, dim: int, dtype=np.float32) -> np.ndarray:
+    """`action` as a (dim,) array, or a ValueError for a wrong shape or a NaN/inf."""
+    action = np.asarray(action, dtype=dtype)
+    if action.shape != (dim,):
+        raise ValueError(f"action must have shape ({dim},), got {action.shape}")
+    if not np.all(np.isfinite(action)):
+        raise ValueError(f"action contains NaN or inf: {action}")
+    return action
 
 
 class Environment:

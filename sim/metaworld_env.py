@@ -15,6 +15,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from dvla.sim.environments import checked_action
 from dvla.sim.rendering import CORNER2_POS, CameraRenderer
 from dvla.sim.tasks import MT1_SEED, check_tasks, task_description
 
@@ -134,11 +135,7 @@ class MetaWorldEnv(gym.Env):
     def _advance(self, action: np.ndarray) -> tuple[float, bool, dict]:
         if self._env is None or self.raw_obs is None:
             raise RuntimeError("call reset() before step()")
-        action = np.asarray(action, dtype=np.float32)
-        if action.shape != (ACTION_DIM,):
-            raise ValueError(f"action must have shape ({ACTION_DIM},), got {action.shape}")
-        if not np.all(np.isfinite(action)):
-            raise ValueError(f"action contains NaN or inf: {action}")
+        action = checked_action(action, ACTION_DIM, np.float32)
         action = np.clip(action, -1.0, 1.0)
         self.raw_obs, reward, _, _, info = self._env.step(action)
         self._steps += 1
