@@ -81,6 +81,62 @@ class TrainingTarget:
 
 
 @dataclass
+class ChunkConstraint:
+    """What a decoded chunk must respect, in normalised units ([-1, 1] = the data's q01..q99).
+
+    `known` fixes the chunk's first K steps (inpainting: a continuation starts with the actions the
+    robot executes while it is computed); `low` / `high` bound every action dimension, and a decoded
+    chunk never leaves them (heads enforce this by construction, see each head's `sample`)."""
+
+    known: torch.Tensor | None = None  # (B, K, D), K <= H
+    low: torch.Tensor | None = None  # (D,)
+    high: torch.Tensor | None = None  # (D,)
+
+    def check(self, batch: int, chunk: int, action_dim: int) -> None:
+        if self.known is not None:
+            b, k, d = self.known.shape
+            if b != batch or d != action_dim or not 0 < k <= chunk:
+                raise ValueError(
+                    f"known actions have shape {tuple(self.known.shape)}; expected ({batch}, K, "
+                    f"{action_dim}) with 1 <= K <= the chunk's {chunk} steps"
+                )
+            if not torch.isfinite(self.known).all():
+                raise ValueError("known actions contain NaN or inf")
+        if (self.low is None) != (self.high is None):
+            raise ValueError("give both low and high bounds, or neither")
+        if self.low is not None:
+            if self.low.shape != (action_dim,) or self.high.shape != (action_dim,):
+                raise ValueError(f"bounds must have shape ({action_dim},), got {tuple(self.low.shape)}")
+            if (self.low > self.high).any():
+                raise ValueError(f"a lower bound exceeds its upper bound: {self.low} > {self.high}")
+
+    def clamp(self, actions: torch.Tensor) -> torch.Tensor:
+        """actions (B, H, D) inside the bounds (the identity without bounds)."""
+        if self.low is None:
+            return actions
+        return torch.maximum(torch.minimum(actions, self.high.to(actions)), self.low.to(actions))
+
+
+def constrained_block(tokenizer, constraint: ChunkConstraint | None, batch: int, chunk: int, hidden: int,
+                      device) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The block a per-value discrete head decodes: (B, H*D) all `hidden` but the known steps' values,
+    and the allowed values per position (H*D, V) under the bounds (None = all)."""
+    d = tokenizer.action_dim
+    block = torch.full((batch, chunk * d), hidden, device=device)
+    if constraint is None:
+        return block, None
+    constraint.check(batch, chunk, d)
+    if constraint.known is not None:
+        known = tokenizer.encode(constraint.known.float().cpu()).flatten(1) - tokenizer.offset  # (B, K*D)
+        block[:, : known.shape[1]] = known.to(device)
+    allowed = None
+    if constraint.low is not None:
+        per_dim = tokenizer.allowed_bins(constraint.low.float().cpu(), constraint.high.float().cpu())
+        allowed = per_dim.repeat(chunk, 1).to(device)  # (H*D, V): position i is dimension i % D
+    return block, allowed
+
+
+@dataclass
 class Backbone:
     """The passes a head may ask for at inference, closed over one observation's prefix."""
 
@@ -116,10 +172,20 @@ class ActionHead(nn.Module):
     def check_decode(self, decode: DecodeConfig) -> None:
         """Refuse decoding settings this head cannot honour (names the limit)."""
 
+    # The last parallel decode's DecodeResult when DecodeConfig.record_history was set (its blocks
+    # are per-value tokens (B, H*D), hidden = the head's `tokens.bins`), for visualisation.
+    trace = None
+
     def sample(
-        self, backbone: Backbone, decode: DecodeConfig, generator=None, use_cache: bool = True
+        self,
+        backbone: Backbone,
+        decode: DecodeConfig,
+        generator=None,
+        use_cache: bool = True,
+        constraint: ChunkConstraint | None = None,
     ) -> tuple[torch.Tensor, int]:
-        """An action chunk (B, H, D) in [-1, 1] and the backbone forwards it took after the prefix."""
+        """An action chunk (B, H, D) in [-1, 1] and the backbone forwards it took after the prefix;
+        `constraint`: known first steps and bounds it must respect."""
         raise NotImplementedError
 
 

@@ -16,10 +16,10 @@ from torch import nn
 
 from dvla.action_head.base import (
     ActionHead,
-    Backbone,
     HeadConfig,
     HeadSpec,
     TrainingTarget,
+    constrained_block,
     hide_chunk,
     register_head,
 )
@@ -97,23 +97,31 @@ class DiscreteHead(ActionHead):
                 f"decode.steps {decode.steps} > the {n} action tokens of a chunk: use at most {n}"
             )
 
-    def sample(self, backbone: Backbone, decode_config: DecodeConfig, generator=None, use_cache=True):
+    def sample(self, backbone, decode_config, generator=None, use_cache=True, constraint=None):
+        """Known steps are fixed tokens the decoder keeps; bounds are allowed-bin masks on every
+        position (a bound narrower than a bin also clamps the decoded centre)."""
         h, d = self.spec.chunk_size, self.spec.action_dim
         device = backbone.prefix.valid.device
-        blank = torch.full((backbone.batch_size, h * d), self.config.bins, device=device)
+        block, allowed = constrained_block(self.tokens, constraint, backbone.batch_size, h, self.config.bins,
+                                           device)  # fmt: skip
         if decode_config.autoregressive:
             step = self._autoregressive_step(backbone.prefix)
-            result = decode_autoregressive(step, blank, self.config.bins, decode_config, generator=generator)
+            result = decode_autoregressive(
+                step, block, self.config.bins, decode_config, allowed=allowed, generator=generator
+            )
         else:
             pass_ = backbone.target_hidden if use_cache else backbone.full_hidden
             result = decode(
                 lambda tokens: self.vocab.bin_logits(pass_(self.embed(tokens))),
-                blank,
+                block,
                 self.config.bins,
                 decode_config,
+                allowed=allowed,
                 generator=generator,
             )
-        return self.tokens.decode(result.tokens.view(-1, h, d)), result.forwards
+        self.trace = result if decode_config.record_history else None
+        actions = self.tokens.decode(result.tokens.view(-1, h, d))
+        return (constraint.clamp(actions) if constraint else actions), result.forwards
 
     @torch.no_grad()
     def first_step_nll(self, hidden_fn, actions, is_pad) -> torch.Tensor:

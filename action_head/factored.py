@@ -20,10 +20,10 @@ from torch import nn
 
 from dvla.action_head.base import (
     ActionHead,
-    Backbone,
     HeadConfig,
     HeadSpec,
     TrainingTarget,
+    constrained_block,
     hide_chunk,
     register_head,
 )
@@ -117,15 +117,21 @@ class FactoredHead(ActionHead):
         if decode_config.steps > n:
             raise ValueError(f"decode.steps {decode_config.steps} > the {n} action values of a chunk")
 
-    def sample(self, backbone: Backbone, decode_config: DecodeConfig, generator=None, use_cache=True):
+    def sample(self, backbone, decode_config, generator=None, use_cache=True, constraint=None):
+        """As the discrete head: known steps are fixed values, bounds allowed-value masks."""
         h, d = self.spec.chunk_size, self.spec.action_dim
-        blank = torch.full((backbone.batch_size, h * d), self.levels, device=backbone.prefix.valid.device)
+        device = backbone.prefix.valid.device
+        batch = backbone.batch_size
+        block, allowed = constrained_block(self.tokens, constraint, batch, h, self.levels, device)
         pass_ = backbone.target_hidden if use_cache else backbone.full_hidden
         result = decode(
             lambda values: self.logits(pass_(self.embed(values))),
-            blank,
+            block,
             self.levels,
             decode_config,
+            allowed=allowed,
             generator=generator,
         )
-        return self.tokens.decode(result.tokens.view(-1, h, d)), result.forwards
+        self.trace = result if decode_config.record_history else None
+        actions = self.tokens.decode(result.tokens.view(-1, h, d))
+        return (constraint.clamp(actions) if constraint else actions), result.forwards

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dvla.action_head.base import ActionHead, Backbone, HeadConfig, HeadSpec, TrainingTarget, register_head
-from dvla.backbone.decoder import DecodeConfig
+from dvla.action_head.base import ActionHead, HeadConfig, HeadSpec, TrainingTarget, register_head
 
 
 @HeadConfig.register_subclass("flow")
@@ -83,11 +82,18 @@ class FlowHead(ActionHead):
         loss = self.flow_loss(hidden, actions, is_pad, generator)
         return loss, {"flow_mse": float(loss.detach())}
 
-    def sample(self, backbone: Backbone, decode: DecodeConfig, generator=None, use_cache=True):
+    def sample(self, backbone, decode, generator=None, use_cache=True, constraint=None):
+        """Known steps by hard replacement: at every Euler step they are set to where the straight
+        path from their noise to them is at that time (exact at the end), so the free steps flow
+        alongside them. Bounds clamp the integrated chunk."""
         if not use_cache or decode.autoregressive:
             raise ValueError("the flow head decodes with the prefix cache in one pass; drop those options")
+        if constraint is not None:
+            constraint.check(backbone.batch_size, self.spec.chunk_size, self.action_dim)
         cond = backbone.target_hidden(self.queries.expand(backbone.batch_size, -1, -1))  # (B, H, d)
-        return self.integrate(cond, generator=generator), 1
+        known = None if constraint is None else constraint.known
+        actions = self.integrate(cond, generator=generator, known=known)
+        return (constraint.clamp(actions) if constraint else actions), 1
 
     def velocity(self, x_t: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """x_t (B, H, D), t (B,), cond (B, H, d) -> velocity (B, H, D)."""
@@ -112,12 +118,21 @@ class FlowHead(ActionHead):
         return (err * keep).sum() / keep.sum().clamp(min=1)
 
     @torch.no_grad()
-    def integrate(self, cond: torch.Tensor, steps: int | None = None, generator=None) -> torch.Tensor:
-        """Integrate from noise with Euler steps: (B, H, d) -> (B, H, D)."""
+    def integrate(self, cond: torch.Tensor, steps: int | None = None, generator=None, known=None):
+        """Integrate from noise with Euler steps: (B, H, d) -> (B, H, D); `known` (B, K, D) fixes the
+        first K steps (hard replacement on the noise-to-data path)."""
         steps = steps or self.config.integration_steps
         b, h, _ = cond.shape
         x = torch.randn((b, h, self.action_dim), generator=generator).to(cond)
+        noise = x.clone()
+        k = 0 if known is None else known.shape[1]
+        if k:
+            known = known.to(x)
         for i in range(steps):
+            if k:
+                x[:, :k] = (1 - i / steps) * noise[:, :k] + i / steps * known
             t = torch.full((b,), i / steps, device=cond.device, dtype=cond.dtype)
             x = x + self.velocity(x, t, cond) / steps
+        if k:
+            x[:, :k] = known
         return x

@@ -51,6 +51,19 @@ class ActionTokenizer:
         centres = -1 + (bins.float() + 0.5) * 2 / self.bins
         return self.unnormalize(centres)
 
+    def allowed_bins(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        """(D, bins) bool: per dimension, the bins whose centre lies in [low, high] (D,). A range
+        narrower than a bin keeps the one bin nearest its middle (the caller then clamps)."""
+        d = self.action_dim
+        ids = torch.arange(self.bins)[:, None].expand(-1, d) + self.offset  # (bins, D)
+        centres = self.decode(ids)  # (bins, D)
+        low, high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
+        inside = (centres >= low) & (centres <= high)  # (bins, D)
+        nearest = (centres - (low + high) / 2).abs().argmin(0)  # (D,)
+        empty = ~inside.any(0)  # (D,)
+        inside[nearest[empty], empty.nonzero()[:, 0]] = True
+        return inside.T
+
     def bin_width(self) -> torch.Tensor:
         """Width of one bin in action units, per dimension (D,)."""
         return self.span / self.bins

@@ -46,7 +46,7 @@ class DecodeConfig:
     # Self-correction: after each step but the last, tokens revealed in earlier steps (never fixed ones)
     # to which the latest forward gives a probability below this are hidden again. 0 = off.
     remask: float = 0.0
-    # Keep every intermediate block (for visualisation); costs memory.
+    # Keep every intermediate block and the confidence of each step (for visualisation); costs memory.
     record_history: bool = False
     # Decode left to right, one token per forward (with a KV cache) instead of in parallel.
     autoregressive: bool = False
@@ -80,6 +80,7 @@ class DecodeResult:
     tokens: torch.Tensor  # (B, T) the filled block
     forwards: int  # backbone forwards used
     history: list[torch.Tensor] = field(default_factory=list)  # (B, T) after each step, if recorded
+    confidence: list[torch.Tensor] = field(default_factory=list)  # (B, T) of each step's predictions
 
 
 def reveal_counts(total: int, steps: int, schedule: UnmaskSchedule) -> list[int]:
@@ -142,7 +143,7 @@ def decode(
     fixed = tokens != mask_token_id  # (B, T)
     hidden_total = int((~fixed).sum(1).max())
     counts = reveal_counts(hidden_total, config.steps, config.schedule)
-    history, forwards = [], 0
+    history, confidence, forwards = [], [], 0
     for step in range(len(counts)):
         hidden = tokens == mask_token_id  # (B, T)
         if not hidden.any():
@@ -170,14 +171,16 @@ def decode(
             tokens = tokens.masked_fill(earlier & now_unlikely, mask_token_id)
         if config.record_history:
             history.append(tokens.clone())
+            confidence.append(conf.detach().float().clone())
     if config.threshold is not None:  # threshold mode may need more rounds than `steps` allows
         while (tokens == mask_token_id).any():
-            predicted = _pick(_constrain(logits_fn(tokens), allowed), config, generator)[0]
+            predicted, conf, _ = _pick(_constrain(logits_fn(tokens), allowed), config, generator)
             forwards += 1
             tokens = torch.where(tokens == mask_token_id, predicted, tokens)
             if config.record_history:
                 history.append(tokens.clone())
-    return DecodeResult(tokens, forwards, history)
+                confidence.append(conf.detach().float().clone())
+    return DecodeResult(tokens, forwards, history, confidence)
 
 
 def decode_autoregressive(

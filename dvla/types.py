@@ -87,17 +87,19 @@ class VQABatch:
 def fake_observation(
     batch: int,
     cameras: list[str],
-    image_size: int,
+    image_size: int | tuple[int, int],
     text_len: int,
     vocab: int,
     state_dim: int | None,
     seed: int = 0,
 ) -> Observation:
+    """Random inputs; `image_size` is a side or (height, width)."""
     g = torch.Generator().manual_seed(seed)
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     valid = torch.ones(batch, text_len, dtype=torch.bool)
     valid[0, text_len // 2 :] = False  # one shorter instruction
     return Observation(
-        images={c: torch.rand(batch, 3, image_size, image_size, generator=g) for c in cameras},
+        images={c: torch.rand(batch, 3, height, width, generator=g) for c in cameras},
         text_ids=torch.randint(4, vocab, (batch, text_len), generator=g),
         text_valid=valid,
         state=None if state_dim is None else torch.rand(batch, state_dim, generator=g) * 2 - 1,

@@ -17,6 +17,7 @@ class Aloha(Environment):
     default_cameras = ("top",)
     max_episode_steps = 1000
     default_episode_steps = aloha_env.EPISODE_STEPS
+    default_suite = "all"
 
     def resolve_tasks(self, tasks, suite):
         if isinstance(tasks, str):
@@ -36,6 +37,10 @@ class Aloha(Environment):
     def instruction(self, task):
         aloha_env.check_tasks([task])
         return aloha_env.INSTRUCTIONS[task]
+
+    def action_bounds(self, task):
+        """The arm joints' limits in the task's model (radians) and the grippers' opening in [0, 1]."""
+        return aloha_env.action_bounds(task)
 
     def image_shape(self, height):
         """lerobot's 480x640 by default; a smaller height keeps the 3:4 aspect ratio."""

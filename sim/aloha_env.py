@@ -87,6 +87,21 @@ class AlohaEnvConfig:
             raise ValueError(f"max_episode_steps must be >= 1, got {self.max_episode_steps}")
 
 
+def action_bounds(task: str) -> tuple[list[float], list[float]]:
+    """(low, high) of the 14 joint-position actions: the arm joints' ranges in the task's model, the
+    grippers' normalised opening in [0, 1]."""
+    from dm_control import mujoco as dm_mujoco
+    from gym_aloha.constants import ASSETS_DIR
+
+    check_tasks([task])
+    model = dm_mujoco.Physics.from_xml_path(str(ASSETS_DIR / XML[task])).named.model
+    limits = []
+    for name in JOINT_NAMES:
+        side, joint = name.split("_", 1)
+        limits.append((0.0, 1.0) if joint == "gripper" else model.jnt_range[f"vx300s_{side}/{joint}"])
+    return [float(lo) for lo, _ in limits], [float(hi) for _, hi in limits]
+
+
 def joint_space_task(task: str):
     """gym-aloha's joint-space task whose observation skips its three 480x640 renders."""
     from gym_aloha.tasks.sim import InsertionTask, TransferCubeTask

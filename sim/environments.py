@@ -40,6 +40,7 @@ class Environment:
     default_cameras: ClassVar[tuple[str, ...]]
     max_episode_steps: ClassVar[int]  # the most steps an episode may have
     default_episode_steps: ClassVar[int]
+    default_suite: ClassVar[str]  # the tasks `dvla bench` evaluates when none are named
 
     def resolve_tasks(self, tasks: str | list[str] | None, suite: str | None) -> list[str]:
         """`--tasks a,b` or `--suite NAME` -> task names (exactly one must be given)."""
@@ -68,6 +69,10 @@ class Environment:
     def record_demo(self, env, expert, seed: int, spec) -> tuple[list[dict], bool]:
         """The expert's episode from `reset(seed)`: recorded frames and whether it succeeded."""
         raise NotImplementedError
+
+    def action_bounds(self, task: str) -> tuple[list[float], list[float]]:
+        """The robot's action limits (low, high), `action_dim` values each (`--action_bounds env`)."""
+        raise NotImplementedError(f"{self.name} declares no action limits; give them as numbers")
 
     def check_camera_names(self, cameras: list[str]) -> None:
         bad = [c for c in cameras if c not in self.cameras]

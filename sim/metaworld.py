@@ -15,6 +15,7 @@ class MetaWorld(Environment):
     default_cameras = ("corner2",)
     max_episode_steps = 500
     default_episode_steps = 500
+    default_suite = "mt10"
 
     def resolve_tasks(self, tasks, suite):
         from dvla.sim.tasks import resolve_tasks
@@ -25,6 +26,10 @@ class MetaWorld(Environment):
         from dvla.sim.tasks import task_description
 
         return task_description(task)
+
+    def action_bounds(self, task):
+        """MetaWorld's action space: hand displacement and gripper effort, each in [-1, 1]."""
+        return [-1.0] * self.action_dim, [1.0] * self.action_dim
 
     def image_shape(self, height):
         return (height or 128, height or 128)

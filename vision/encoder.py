@@ -64,13 +64,13 @@ class VisionConfig:
             raise ValueError(f"keypoints must be >= 0, got {self.keypoints}")
         if self.image_size < 8 or (self.image_width is not None and self.image_width < 8):
             raise ValueError(f"image size {self.shape} is too small (>= 8 px each side)")
+        if not 0.0 <= self.shift_fraction < 0.5:
+            raise ValueError(f"shift_fraction must be in [0, 0.5), got {self.shift_fraction}")
 
     @property
     def shape(self) -> tuple[int, int]:
         """(height, width) the encoder reads."""
         return self.image_size, self.image_width or self.image_size
-        if not 0.0 <= self.shift_fraction < 0.5:
-            raise ValueError(f"shift_fraction must be in [0, 0.5), got {self.shift_fraction}")
 
 
 class VisionEncoder(nn.Module):

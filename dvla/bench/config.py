@@ -28,6 +28,10 @@ class PeerConfig:
     # budget gives a faster-stepping peer more steps.
     policy_steps: dict[str, int] = field(default_factory=dict)
     batch_size: int = 32
+    # Chunk length and actions executed per chunk; None = the dvla checkpoint's chunk H, with H/2
+    # executed before re-planning as dvla does. ACT's own defaults are 100 and 100.
+    chunk_size: int | None = None
+    n_action_steps: int | None = None
     # Network size: "default" = LeRobot's defaults; "small" = narrower transformer / U-Net that trains
     # on a CPU (ACT 256-wide, Diffusion Policy U-Net 128-256-512); "tiny" = smoke tests. Every size
     # uses a ResNet-18 trained from scratch (the ImageNet weights cannot be downloaded offline).
@@ -46,6 +50,15 @@ class PeerConfig:
             raise ValueError(f"peers.size must be one of {PEER_SIZES}, got {self.size!r}")
         if self.steps < 1 or self.batch_size < 1 or any(n < 1 for n in self.policy_steps.values()):
             raise ValueError("peers.steps, peers.policy_steps and peers.batch_size must be >= 1")
+        if (self.chunk_size is not None and self.chunk_size < 1) or (
+            self.n_action_steps is not None and self.n_action_steps < 1
+        ):
+            raise ValueError("peers.chunk_size and peers.n_action_steps must be >= 1 (or unset)")
+        if self.chunk_size and self.n_action_steps and self.n_action_steps > self.chunk_size:
+            raise ValueError(
+                f"peers.n_action_steps ({self.n_action_steps}) cannot exceed peers.chunk_size "
+                f"({self.chunk_size}): a policy executes at most the actions it predicted"
+            )
         stray = sorted(set(self.policy_steps) - set(PEER_POLICIES))
         if stray:
             raise ValueError(f"peers.policy_steps: unknown policies {stray}; choose from {PEER_POLICIES}")
@@ -57,6 +70,11 @@ class PeerConfig:
         """The optimizer steps of `policy`'s peers."""
         return self.policy_steps.get(policy, self.steps)
 
+    def control(self, dvla_chunk: int) -> tuple[int, int]:
+        """(chunk length, actions executed per chunk) of the peers next to a dvla chunk of `dvla_chunk`."""
+        chunk = self.chunk_size or dvla_chunk
+        return chunk, self.n_action_steps or max(1, chunk // 2)
+
 
 @dataclass
 class BenchConfig:
@@ -65,6 +83,7 @@ class BenchConfig:
     Examples:
       dvla bench --checkpoint outputs/train/mt10 --tasks drawer-close-v3,window-close-v3 --episodes 20 \\
           --flow_checkpoint outputs/train/mt10_flow --peers.dataset_root outputs/mt10
+      dvla bench --config_path configs/bench/aloha_transfer_cube.yaml   (ALOHA, against ACT)
       dvla bench --checkpoint CKPT --sections [latency,throughput]
       dvla bench --checkpoint CKPT --peers.dataset_root DATA --quick   (a smoke run in a few minutes)
     """
@@ -74,12 +93,16 @@ class BenchConfig:
     # A dvla checkpoint with the flow head trained on the same data and budget (heads section).
     flow_checkpoint: str | None = None
     peers: PeerConfig = field(default_factory=PeerConfig)
-    # Comma-separated MetaWorld tasks (all must be in the dvla checkpoint's training data).
+    # The simulator (metaworld or aloha); None = the one whose robot the checkpoint was trained on.
+    env: str | None = None
+    # Comma-separated tasks (all must be in the dvla checkpoint's training data); None = the
+    # environment's default suite (mt10 for MetaWorld, both tasks for ALOHA).
     tasks: str | None = None
     # Evaluation episodes per task and setting, on seeds seed_start, seed_start + 1, ...
     episodes: int = 20
     seed_start: int = 1000
-    max_steps: int = 500
+    # Step limit of an episode; None = the environment's (500 for MetaWorld, 400 for ALOHA).
+    max_steps: int | None = None
     workers: int = 2
     # Decode steps of the sweep; 0 = one token per step (parallel decoding, H*D forwards).
     decode_steps: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 0])
@@ -111,10 +134,10 @@ class BenchConfig:
         if any(s < 0 for s in self.decode_steps):
             raise ValueError(f"decode_steps must be >= 1, or 0 for one token per step: {self.decode_steps}")
         for name in ("episodes", "max_steps", "workers", "latency_repeats", "throughput_steps"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.quick:
-            self.episodes, self.max_steps = 1, min(self.max_steps, 16)
+            self.episodes, self.max_steps = 1, min(self.max_steps or 16, 16)
             self.decode_steps = [1, 4, 0]
             self.latency_repeats, self.throughput_steps = 2, 2
             self.peers.steps, self.peers.batch_size, self.peers.size = 2, 4, "tiny"

@@ -57,7 +57,7 @@ def dvla_observation(model, device: torch.device):
     """A batch-1 observation shaped like the model's inputs."""
     config = model.config
     cameras = [c for c in config.vision.cameras if c != "scene"]
-    obs = fake_observation(1, cameras, config.vision.image_size, 12, model.text.vocab_size, config.state_dim)
+    obs = fake_observation(1, cameras, config.vision.shape, 12, model.text.vocab_size, config.state_dim)
     return obs.to(device)
 
 
@@ -82,10 +82,9 @@ def time_lerobot(actor, repeats: int, device: torch.device, precision: str) -> T
     """A LeRobot actor (`LeRobotActor`): `select_action` on a fresh episode predicts a chunk."""
     import numpy as np
 
-    size = actor.image_size
     observation = {
-        "images": {c: np.zeros((size, size, 3), dtype=np.uint8) for c in actor.cameras},
-        "state": np.zeros(4, dtype=np.float32),
+        "images": {c: np.zeros((*actor.image_shape, 3), dtype=np.uint8) for c in actor.cameras},
+        "state": np.zeros(actor.state_dim, dtype=np.float32),
     }
     batch = actor.batch(observation, "benchmark")
     policy = actor.policy

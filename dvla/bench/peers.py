@@ -1,7 +1,7 @@
 """LeRobot peers trained with `lerobot-train`, one model per task (they take no instruction).
 
-Settings work offline (no pretrained backbone download) and match the dvla checkpoint's control: the
-same chunk length H, of which H/2 actions are executed before re-planning. A peer whose training
+Settings work offline (no pretrained backbone download) and by default match the dvla checkpoint's
+control: the same chunk length H, of which H/2 actions are executed before re-planning. A peer whose training
 finished is reused; one that stopped part-way resumes from its last checkpoint (lerobot-train's own
 --resume).
 """
@@ -21,9 +21,8 @@ from dvla.bench.config import PeerConfig
 DONE_FILE = "dvla_peer.json"
 
 
-def control_args(policy: str, chunk: int) -> list[str]:
-    """Chunk length and receding horizon like dvla's (H predicted, H/2 executed)."""
-    steps = max(1, chunk // 2)
+def control_args(policy: str, chunk: int, steps: int) -> list[str]:
+    """`chunk` actions predicted, `steps` of them executed before re-planning."""
     if policy == "act":
         return [f"--policy.chunk_size={chunk}", f"--policy.n_action_steps={steps}"]
     n_obs = 2  # Diffusion Policy's default observation history
@@ -87,10 +86,11 @@ def task_episodes(dataset_root: str | Path, instructions: dict[str, str]) -> dic
     return {task: sorted(by_text[text]) for task, text in instructions.items()}
 
 
-def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path, chunk: int,
-               device: str, amp: bool = True) -> list[str]:  # fmt: skip
-    """The `lerobot-train` command line of one per-task peer; `amp`: autocast as dvla's training does
-    on this machine (bf16 on a CPU with native bf16, fp16 on CUDA; off where dvla trains in fp32)."""
+def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path,
+               control: tuple[int, int], device: str, amp: bool = True) -> list[str]:  # fmt: skip
+    """The `lerobot-train` command line of one per-task peer; `control`: (chunk length, actions
+    executed per chunk); `amp`: autocast as dvla's training does on this machine (bf16 on a CPU with
+    native bf16, fp16 on CUDA; off where dvla trains in fp32)."""
     root = Path(config.dataset_root).resolve()  # the peer's train_config.json must find it from anywhere
     size_args = list(SIZE_ARGS[config.size][policy])
     steps = config.steps_for(policy)
@@ -111,7 +111,7 @@ def train_args(policy: str, task: str, episodes: list[int], config: PeerConfig, 
         "--policy.push_to_hub=false",
         f"--policy.use_amp={str(amp).lower()}",
         *OFFLINE_ARGS[policy],
-        *control_args(policy, chunk),
+        *control_args(policy, *control),
         *size_args,
         f"--steps={steps}",
         f"--batch_size={config.batch_size}",
@@ -155,11 +155,11 @@ def trained_step(out: Path) -> int:
     return json.loads(step_file.read_text())["step"] if step_file.exists() else 0
 
 
-def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path, chunk: int,
-               device: str, amp: bool = True) -> dict:  # fmt: skip
+def train_peer(policy: str, task: str, episodes: list[int], config: PeerConfig, out: Path,
+               control: tuple[int, int], device: str, amp: bool = True) -> dict:  # fmt: skip
     """Train (or finish training) one peer; returns its record {policy, task, seconds, command, ...}."""
     done = out / DONE_FILE
-    args = train_args(policy, task, episodes, config, out, chunk, device, amp)
+    args = train_args(policy, task, episodes, config, out, control, device, amp)
     if done.exists():
         record = json.loads(done.read_text())
         _require_same_args(out, "trained", record.get("args"), args)

@@ -26,11 +26,12 @@ from dvla.bench.report import FEW_STEPS, markdown, plots, plural_steps, targets
 from dvla.bench.throughput import measure
 from dvla.checkpoint import checkpoint_info, load_checkpoint, resolve_checkpoint
 from dvla.eval.metrics import episode_outcomes, paired_comparison, wilson_interval
-from dvla.eval.rollout import resolve_device
+from dvla.eval.rollout import check_fits_environment, environment_name, resolve_device
 from dvla.eval.rollout_config import RolloutConfig
 from dvla.locks import exclusive_output
 from dvla.model import DiffusionVLA
 from dvla.training.precision import resolve_precision
+from dvla.types import VQA_CAMERA
 
 
 def _machine(device: torch.device) -> str:
@@ -39,24 +40,40 @@ def _machine(device: torch.device) -> str:
     return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
 
 
+DISCRETE_HEADS = ("discrete", "factored")  # heads with the masked-diffusion decoder
+
+
 class Bench:
     def __init__(self, config: BenchConfig):
-        from dvla.sim.tasks import resolve_tasks, task_description
+        from dvla.sim.environments import get_environment
 
         self.config, self.device = config, resolve_device(config.device)
         self.precision = resolve_precision(config.mixed_precision, self.device)  # "bf16" or "no"
         self.out = Path(config.output_dir)
         self.checkpoint = resolve_checkpoint(config.checkpoint)
         self.model, self.tokenizer, _ = load_checkpoint(self.checkpoint, self.device)
-        if self.model.config.head.type != "discrete":
+        head = self.model.config.head.type
+        if head not in DISCRETE_HEADS:
             raise ValueError(
-                f"{self.checkpoint} has the {self.model.config.head.type!r} head; --checkpoint takes a "
-                "discrete-head checkpoint (give a flow one as --flow_checkpoint)"
+                f"{self.checkpoint} has the {head!r} head; --checkpoint takes a discrete or factored "
+                "head checkpoint (give a flow one as --flow_checkpoint)"
             )
-        tasks = resolve_tasks(config.tasks, None if config.tasks else "mt10")
+        # the factored head has no left-to-right mode: its sequential baseline is one value per
+        # forward (H*D denoising steps), timed in the latency section
+        self.autoregressive = head == "discrete"
+        if config.autoregressive and not self.autoregressive:
+            print("bench: the factored head decodes in parallel only; no autoregressive rollouts")
+        info = checkpoint_info(self.checkpoint)
+        self.environment = get_environment(environment_name(config.env, info))
+        model = self.model.config
+        cameras = [c for c in model.vision.cameras if c != VQA_CAMERA]
+        check_fits_environment(self.environment, model.state_dim, model.action_dim, cameras)
+        self.max_steps = config.max_steps or self.environment.default_episode_steps
+        suite = None if config.tasks else self.environment.default_suite
+        tasks = self.environment.resolve_tasks(config.tasks, suite)
         self.tasks = tasks[:1] if config.quick else tasks
-        self.instructions = {task: task_description(task) for task in self.tasks}
-        trained = checkpoint_info(self.checkpoint).get("tasks") or []
+        self.instructions = {task: self.environment.instruction(task) for task in self.tasks}
+        trained = info.get("tasks") or []
         unseen = [task for task, text in self.instructions.items() if trained and text not in trained]
         if unseen:
             raise ValueError(f"{self.checkpoint} was not trained on {unseen}; pick --tasks from its data")
@@ -66,10 +83,12 @@ class Bench:
             "run": {
                 "command": "dvla " + " ".join(sys.argv[1:]),
                 "checkpoint": str(self.checkpoint),
+                "head": head,
+                "env": self.environment.name,
                 "tasks": self.tasks,
                 "episodes": config.episodes,
                 "seed_start": config.seed_start,
-                "max_steps": config.max_steps,
+                "max_steps": self.max_steps,
                 "machine": _machine(self.device),
                 "precision": self.precision,
                 "torch": torch.__version__,
@@ -85,11 +104,11 @@ class Bench:
         c = self.config
         config = RolloutConfig(
             checkpoint=str(checkpoint),
-            env="metaworld",  # resolved up front: a finished run's saved config has it set
+            env=self.environment.name,  # resolved up front: a finished run's saved config has it set
             tasks=",".join(tasks),
             episodes=c.episodes,
             seed_start=c.seed_start,
-            max_steps=c.max_steps,
+            max_steps=self.max_steps,
             workers=c.workers,
             decode=decode or DecodeConfig(),  # none only for LeRobot peers, which ignore it
             output_dir=str(self.out / "rollouts" / name),
@@ -137,7 +156,8 @@ class Bench:
     def decode_sweep(self) -> None:
         rows = []
         settings = [s or self.tokens for s in self.config.decode_steps]
-        for steps in sorted(set(settings)) + ([None] if self.config.autoregressive else []):
+        autoregressive = self.config.autoregressive and self.autoregressive
+        for steps in sorted(set(settings)) + ([None] if autoregressive else []):
             name, label, decode = self.decode_setting(steps)
             report = self.evaluate(f"dvla_{'ar' if steps is None else f'steps{steps}'}", self.checkpoint,
                                    self.tasks, decode)  # fmt: skip
@@ -192,9 +212,9 @@ class Bench:
                     folder = self.out / "peers" / policy / task
                     print(f"bench: training {policy} on {task} ({len(episodes[task])} episodes, "
                           f"{peers.steps_for(policy)} steps, log {folder}.log)")  # fmt: skip
-                    chunk = self.model.config.chunk_size
-                    record = train_peer(policy, task, episodes[task], peers, folder, chunk, self.device.type,
-                                        amp=self.precision == "bf16")  # fmt: skip
+                    control = peers.control(self.model.config.chunk_size)
+                    record = train_peer(policy, task, episodes[task], peers, folder, control,
+                                        self.device.type, amp=self.precision == "bf16")  # fmt: skip
                     trained.append((policy, task, folder, record))
         if not trained:
             print("bench: peers skipped (give --peers.dataset_root to train them, or --peers.trained)")
@@ -227,9 +247,11 @@ class Bench:
                 "paired_vs_dvla": paired_comparison(ours, outcomes[policy]),
             }
         steps = ", ".join(f"{p} {peers.steps_for(p)}" for p in peers.policies)
+        chunk, executed = peers.control(self.model.config.chunk_size)
         budget = (
             f"each peer: {steps} optimizer steps at batch {peers.batch_size} on its one task "
-            f"(LeRobot '{peers.size}' size); dvla: one model for all tasks (see its training config)"
+            f"(LeRobot '{peers.size}' size, chunks of {chunk} with {executed} executed); dvla: one "
+            "model for all tasks (see its training config)"
         )
         self.results["peers"] = {"rows": rows, "summary": summary, "budget": budget,
                                  "dvla": {"name": name, **self.success(report)}}  # fmt: skip
@@ -243,7 +265,7 @@ class Bench:
         # every other few-step sweep setting too: the AR-ratio target is judged at the best of them
         few = sorted({s for s in self.config.decode_steps if 0 < s <= FEW_STEPS and s != default_steps})
         settings = [(default_steps, True), (default_steps, False), *((s, True) for s in few),
-                    (self.tokens, True), (None, True)]  # fmt: skip
+                    (self.tokens, True)] + ([(None, True)] if self.autoregressive else [])  # fmt: skip
         for steps, use_cache in settings:
             name, _, decode = self.decode_setting(steps)
             timing = self.time_decode(decode, use_cache)
@@ -266,7 +288,9 @@ class Bench:
                 )
             )
         default = self.decode_setting(self.config.default_steps)[0]  # what the targets compare
-        self.results["latency"] = {"rows": rows, "notes": notes, "default": default}
+        # the sequential baseline of the speed-up target: left to right, else one value per forward
+        sequential = self.decode_setting(None if self.autoregressive else self.tokens)[0]
+        self.results["latency"] = {"rows": rows, "notes": notes, "default": default, "sequential": sequential}
 
     def _flow_model(self):
         """The flow checkpoint, or an untrained flow-head twin of the checkpoint (latency only)."""

@@ -11,12 +11,13 @@ import contextlib
 import copy
 import json
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from dvla.eval.metrics import switch_jerk
 
 LEROBOT_PROCESSOR_FILE = "policy_preprocessor.json"
 
@@ -60,23 +61,31 @@ def resolve_lerobot_policy(path: str | Path) -> Path | None:
 
 
 class DVLAActor:
-    """A dvla policy: plans one chunk for every episode whose queue is empty, in one batch."""
+    """A dvla policy: plans, in one batch, a chunk for every episode whose stream of chunks needs
+    one (`dvla.execution`), and records each episode's executed actions and their chunks."""
 
-    def __init__(self, policy, autocast: contextlib.AbstractContextManager | None = None):
+    def __init__(self, policy, autocast: contextlib.AbstractContextManager | None = None,
+                 show_denoising: int = 0, figure_dir: str | Path | None = None):  # fmt: skip
         self.policy = policy
         self.cameras = policy.action_cameras
         self.n_action_steps = policy.n_action_steps
         self.autocast = autocast or contextlib.nullcontext()
         self.stats = PlanStats()
-        self._queues: dict[int, deque] = {}
+        self._executed: dict[int, list] = {}  # slot -> [(action, chunk index)]
+        # figures of how the first `show_denoising` chunks of labelled episodes form
+        self.show_denoising, self.figure_dir = show_denoising, Path(figure_dir or ".")
+        self._figures: dict[int, tuple[str, int]] = {}  # slot -> (label, chunks drawn)
 
-    def start(self, slot: int) -> None:
-        """A new episode begins in `slot`."""
-        self._queues[slot] = deque()
+    def start(self, slot: int, label: str | None = None) -> None:
+        """A new episode begins in `slot`; `label` names the figures of its chunks (if any)."""
+        self._executed[slot] = []
         self.policy.forget(slot)
+        self._figures.pop(slot, None)
+        if label and self.show_denoising:
+            self._figures[slot] = (label, 0)
 
     def act(self, slots: list[int], observations: dict[int, dict], texts: dict[int, str]) -> dict:
-        planning = [slot for slot in slots if not self._queues[slot]]
+        planning = self.policy.planning(slots)
         if planning:
             images = {
                 c: torch.from_numpy(np.stack([observations[s]["images"][c] for s in planning]))
@@ -85,13 +94,37 @@ class DVLAActor:
             state = torch.from_numpy(np.stack([observations[s]["state"] for s in planning]))
             tick = time.perf_counter()
             with self.autocast:
-                chunk = self.policy.predict_action_chunk(
-                    images, [texts[s] for s in planning], state, planning
-                )
+                self.policy.plan(planning, images, [texts[s] for s in planning], state)
             self.stats.add((time.perf_counter() - tick) * 1000, len(planning), self.policy.last_forwards)
-            for row, slot in enumerate(planning):
-                self._queues[slot].extend(chunk[row, : self.n_action_steps].float().cpu().numpy())
-        return {slot: self._queues[slot].popleft() for slot in slots}
+            self._draw(planning)
+        actions = self.policy.pop(slots).float().cpu().numpy()  # (B, D)
+        for slot, action in zip(slots, actions, strict=True):
+            self._executed[slot].append((action, self.policy.source(slot)))
+        return dict(zip(slots, actions, strict=True))
+
+    def _draw(self, planned: list[int]) -> None:
+        from dvla.eval.denoising_plot import plot_chunk_forming
+
+        for slot in planned:
+            trace = self.policy.traces.pop(slot, None)
+            if slot not in self._figures or trace is None:
+                continue
+            label, drawn = self._figures[slot]
+            if drawn >= self.show_denoising:
+                continue
+            history, confidence, known = trace
+            head = self.policy.model.head
+            path = self.figure_dir / f"{label}_chunk{drawn:02d}.png"
+            title = f"{label}, chunk {drawn}" + (f" ({known} known steps)" if known else "")
+            plot_chunk_forming(history, confidence, head.tokens, head.spec.chunk_size, path, title, known)
+            self._figures[slot] = (label, drawn + 1)
+
+    def jerk(self, slot: int) -> dict | None:
+        """The episode's jerk within chunks and across switches (None when chunks are ensembled)."""
+        executed = self._executed.get(slot, [])
+        if not executed or executed[0][1] is None:
+            return None
+        return switch_jerk(np.stack([a for a, _ in executed]), [s for _, s in executed])
 
 
 class LeRobotActor:
@@ -114,7 +147,8 @@ class LeRobotActor:
         )
         self.type = config.type
         self.cameras = [key.removeprefix("observation.images.") for key in config.image_features]
-        self.image_size = int(next(iter(config.image_features.values())).shape[-1])  # (3, H, W)
+        self.image_shape = tuple(int(n) for n in next(iter(config.image_features.values())).shape[1:])
+        self.state_dim = int(config.robot_state_feature.shape[0]) if config.robot_state_feature else 0
         self.n_action_steps = getattr(config, "n_action_steps", 1)
         self.forwards_per_chunk = lerobot_forwards_per_chunk(config)
         self.autocast = autocast or contextlib.nullcontext()
@@ -122,7 +156,7 @@ class LeRobotActor:
         self._slots: dict[int, object] = {}
         self.trained_tasks = _lerobot_training_tasks(self.path)
 
-    def start(self, slot: int) -> None:
+    def start(self, slot: int, label: str | None = None) -> None:
         """A new episode begins in `slot` (the policy's own `select_action` keeps its history)."""
         if slot not in self._slots:
             self._slots[slot] = copy.deepcopy(self.policy)

@@ -1,8 +1,10 @@
-"""Success-rate statistics shared by rollouts and benchmarks."""
+"""Success-rate statistics shared by rollouts and benchmarks, and the smoothness of executed actions."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
@@ -48,3 +50,30 @@ def paired_comparison(first: dict, second: dict) -> dict:
         "second_only": second_only,
         "p_value": mcnemar_exact(first_only, second_only),
     }
+
+
+def switch_jerk(actions, sources) -> dict:
+    """Sums of |second difference| of executed actions (T, D), averaged over dimensions, split by
+    whether its three steps come from one chunk (`within`) or span a switch to the next (`switch`);
+    `sources` (T,) names each action's chunk. Returns {within, within_n, switch, switch_n}."""
+    actions, sources = np.asarray(actions, dtype=np.float64), np.asarray(sources)
+    out = {"within": 0.0, "within_n": 0, "switch": 0.0, "switch_n": 0}
+    if len(actions) < 3:
+        return out
+    second = np.abs(actions[2:] - 2 * actions[1:-1] + actions[:-2]).mean(-1)  # (T-2,)
+    same = (sources[2:] == sources[1:-1]) & (sources[1:-1] == sources[:-2])  # (T-2,)
+    out["within"], out["within_n"] = float(second[same].sum()), int(same.sum())
+    out["switch"], out["switch_n"] = float(second[~same].sum()), int((~same).sum())
+    return out
+
+
+def jerk_ratio(episodes: list[dict]) -> dict | None:
+    """Mean jerk across chunk switches over mean jerk within chunks, pooled over episodes that
+    recorded `jerk` (switch_jerk's sums); None when either is missing."""
+    parts = [e["jerk"] for e in episodes if e.get("jerk")]
+    within_n, switch_n = sum(p["within_n"] for p in parts), sum(p["switch_n"] for p in parts)
+    if not within_n or not switch_n:
+        return None
+    within = sum(p["within"] for p in parts) / within_n
+    switch = sum(p["switch"] for p in parts) / switch_n
+    return {"within": within, "switch": switch, "ratio": switch / within if within else None}

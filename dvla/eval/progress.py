@@ -23,6 +23,8 @@ def rollout_protocol(config, checkpoint, image_size: int, device_type: str, prec
         "checkpoint": str(Path(checkpoint).resolve()),
         "max_steps": config.max_steps,
         "n_action_steps": config.n_action_steps,
+        "execution": draccus.encode(config.execution),
+        "action_bounds": config.action_bounds,
         "decode": decode,
         "hooks": {name: draccus.encode(hook) for name, hook in config.hooks.active().items()},
         "image_size": image_size,

@@ -11,14 +11,14 @@ import json
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import draccus
 import numpy as np
 import torch
 
-from dvla.eval.metrics import wilson_interval
+from dvla.eval.metrics import jerk_ratio, wilson_interval
 from dvla.eval.progress import PARTIAL_FILE, load_partial, restore_timing, rollout_protocol, save_partial
 from dvla.eval.rollout_config import RolloutConfig
 from dvla.locks import exclusive_output
@@ -68,11 +68,9 @@ def resolve_environment(config: RolloutConfig, info: dict):
     """The environment to evaluate in: --env, else the one whose robot the checkpoint was trained
     on (checkpoints that do not record it were trained on MetaWorld); sets config.env and the
     environment's default step limit."""
-    from dvla.sim.environments import environment_for_robot, get_environment
+    from dvla.sim.environments import get_environment
 
-    if config.env is None:
-        robot = info.get("robot_type")
-        config.env = environment_for_robot(robot) if robot else "metaworld"
+    config.env = environment_name(config.env, info)
     environment = get_environment(config.env)
     config.max_steps = config.max_steps or environment.default_episode_steps
     if config.max_steps > environment.max_episode_steps:
@@ -81,6 +79,36 @@ def resolve_environment(config: RolloutConfig, info: dict):
             f"got {config.max_steps}"
         )
     return environment
+
+
+def resolve_bounds(config: RolloutConfig, environment) -> tuple[list[float], list[float]] | None:
+    """--action_bounds as (low, high) in robot units ("env": the environment's, the same for all
+    of its tasks as far as dvla knows them)."""
+    from dvla.eval.rollout_config import parse_bounds
+
+    if config.action_bounds is None:
+        return None
+    if config.action_bounds == "env":
+        tasks = environment.resolve_tasks(config.tasks, config.suite)
+        return environment.action_bounds(tasks[0])
+    low, high = parse_bounds(config.action_bounds)
+    if len(low) != environment.action_dim:
+        raise ValueError(
+            f"action_bounds has {len(low)} values per side; {environment.name} actions have "
+            f"{environment.action_dim} dimensions"
+        )
+    return low, high
+
+
+def environment_name(env: str | None, info: dict) -> str:
+    """`env`, else the environment whose robot a checkpoint (its `info`) was trained on; checkpoints
+    that do not record their robot were trained on MetaWorld."""
+    from dvla.sim.environments import environment_for_robot
+
+    if env is not None:
+        return env
+    robot = info.get("robot_type")
+    return environment_for_robot(robot) if robot else "metaworld"
 
 
 def check_fits_environment(environment, state_dim: int, action_dim: int, cameras: list[str]) -> None:
@@ -101,8 +129,9 @@ def check_fits_environment(environment, state_dim: int, action_dim: int, cameras
 
 
 def make_actor(config: RolloutConfig, device: torch.device, precision: str):
-    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder) and what it was trained
-    on, on `device` under the resolved `precision` ("bf16" or "no")."""
+    """The policy to evaluate (a dvla checkpoint or a LeRobot policy folder), its path, what it was
+    trained on, and the image height to render at (None = the environment's own), on `device` under
+    the resolved `precision` ("bf16" or "no")."""
     from dvla.checkpoint import checkpoint_info, resolve_checkpoint
     from dvla.eval.actors import DVLAActor, LeRobotActor, resolve_lerobot_policy
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
@@ -112,19 +141,29 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
     if lerobot_path is not None:
         actor = LeRobotActor(lerobot_path, device, autocast)
         resolve_environment(config, {})
-        return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_size
+        # rendered at the size it was trained on: a LeRobot policy does not resize its input
+        return actor, lerobot_path, {"tasks": actor.trained_tasks}, actor.image_shape[0]
     checkpoint = resolve_checkpoint(config.checkpoint)
-    policy = DiffusionVLAPolicy.from_pretrained(
-        checkpoint,
-        PolicyConfig(config.n_action_steps, config.decode, hooks=config.hooks),
-        device,
-    )
-    model_config = policy.model.config
     environment = resolve_environment(config, checkpoint_info(checkpoint))
+    bounds = resolve_bounds(config, environment)
+    decode = replace(config.decode, record_history=config.show_denoising > 0)
+    policy_config = PolicyConfig(config.n_action_steps, decode, hooks=config.hooks,
+                                 execution=config.execution, action_bounds=bounds)  # fmt: skip
+    policy = DiffusionVLAPolicy.from_pretrained(checkpoint, policy_config, device)
+    model_config = policy.model.config
+    if config.show_denoising and not hasattr(policy.model.head, "tokens"):
+        raise ValueError(
+            f"--show_denoising draws the tokens of a discrete or factored head; {checkpoint} has the "
+            f"{model_config.head.type!r} head"
+        )
     dims = (model_config.state_dim, model_config.action_dim)
     check_fits_environment(environment, *dims, policy.action_cameras)
-    actor = DVLAActor(policy, autocast)
-    return actor, checkpoint, checkpoint_info(checkpoint), model_config.vision.image_size
+    figures = Path(config.output_dir) / "denoising"
+    actor = DVLAActor(policy, autocast, config.show_denoising, figures)
+    # dvla resizes what it is given: MetaWorld renders at the policy's size, as its datasets are
+    # recorded; other environments at their own size, which the policy downscales as in training
+    height = model_config.vision.image_size if environment.name == "metaworld" else None
+    return actor, checkpoint, checkpoint_info(checkpoint), height
 
 
 def rollout(config: RolloutConfig) -> dict:
@@ -144,10 +183,7 @@ def _rollout(config: RolloutConfig) -> dict:
     instructions = {task: environment.instruction(task) for task in tasks}
     check_trained_tasks(instructions, info, config.allow_unseen_tasks)
     output = Path(config.output_dir)
-    if environment.name == "metaworld":  # renders at the policy's own size, as it was recorded
-        image_size = config.image_size or image_size or 128
-    else:
-        image_size = config.image_size
+    image_size = config.image_size or image_size
     protocol = rollout_protocol(config, checkpoint, image_size, device.type, precision)
     wanted = {(task, config.seed_start + i) for task in tasks for i in range(config.episodes)}
     partial = load_partial(output, protocol, config.resume, wanted)
@@ -230,7 +266,8 @@ def run_episodes(
                 resets[slot] = (task, seed)
             observations.update(pool.reset(resets))
             for slot in resets:
-                actor.start(slot)
+                first = active[slot].index == 0
+                actor.start(slot, f"{active[slot].task}_ep000" if first else None)
                 if active[slot].frames is not None:
                     active[slot].frames.append(
                         compose_frame(observations[slot]["images"], _caption(active[slot], False))
@@ -259,9 +296,11 @@ def run_episodes(
                     ep.frames += [ep.frames[-1]] * int(HOLD_SECONDS * fps)
                     name = f"{ep.task}_ep{ep.index:03d}_{'success' if ep.success else 'failure'}.mp4"
                     video = str(write_mp4(video_dir / name, ep.frames, fps))
-                finished[ep.task].append(
-                    {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
-                )
+                record = {"seed": ep.seed, "success": ep.success, "steps": ep.steps, "video": video}
+                jerk = actor.jerk(slot) if hasattr(actor, "jerk") else None
+                if jerk:
+                    record["jerk"] = jerk
+                finished[ep.task].append(record)
                 bar.update(1)
                 if on_episode:
                     on_episode(finished, len(jobs) + len(active))
@@ -306,10 +345,32 @@ def _report(config, checkpoint, policy: str, finished, timing: dict, wall_s: flo
             "n_action_steps": config.n_action_steps,
             **timing,
         },
+        "execution": {
+            **draccus.encode(config.execution),
+            "action_bounds": config.action_bounds,
+            # mean |second difference| of executed actions across chunk switches / within chunks
+            "jerk": jerk_ratio([e for episodes in finished.values() for e in episodes]),
+        },
         "wall_seconds": wall_s,
         "per_task": per_task,
         "config": draccus.encode(config),
     }
+
+
+def _execution(execution: dict | None) -> list[str]:
+    """The execution mode, delay, bounds and jerk ratio in one line (none for older reports)."""
+    if not execution:
+        return []
+    text = f"Execution: {execution['mode']}, inference delay {execution['inference_delay']} steps"
+    if execution.get("action_bounds"):
+        text += f", action bounds {execution['action_bounds']}"
+    jerk = execution.get("jerk")
+    if jerk and jerk["ratio"] is not None:
+        text += (
+            f"; jerk across chunk switches {jerk['ratio']:.2f}x the jerk within chunks "
+            f"({jerk['switch']:.4g} vs {jerk['within']:.4g})"
+        )
+    return [text + ".", ""]
 
 
 def format_report(report: dict, relative_to: Path | None = None) -> str:
@@ -326,6 +387,7 @@ def format_report(report: dict, relative_to: Path | None = None) -> str:
         f"(batched over {decode['mean_batch']:.1f} episodes on average). "
         f"Wall time {report['wall_seconds']:.0f} s.",
         "",
+        *_execution(report.get("execution")),
         "| task | success | 95% CI | episodes | mean length | videos |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
     ]

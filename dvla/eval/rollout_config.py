@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from dvla.adapters import PolicyHooksConfig
 from dvla.backbone.decoder import DecodeConfig, action_decode_config
+from dvla.execution import ExecutionConfig
 from dvla.sim.tasks import EVAL_SEED_START
 from dvla.training.precision import check_precision
 
@@ -37,6 +38,13 @@ class RolloutConfig:
     max_steps: int | None = None
     # Actions executed from each chunk before re-planning (receding horizon); None = half the chunk.
     n_action_steps: int | None = None
+    # How chunks are executed under a simulated inference delay: --execution.mode receding (naive
+    # asynchronous when delayed), inpaint (the next chunk starts with the actions executed while it
+    # is computed) or ensemble (ACT's temporal ensembling); --execution.inference_delay D steps.
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    # Action limits every decoded action keeps to: "env" (the environment's: MetaWorld's [-1, 1],
+    # ALOHA's joint ranges and gripper opening) or "LOW,...;HIGH,..." (D values each, robot units).
+    action_bounds: str | None = None
     # How action chunks are decoded; by default in one step (ACTION_DECODE_STEPS in backbone/decoder.py).
     decode: DecodeConfig = field(default_factory=action_decode_config)
     # Run-time hooks of the checkpoint's adapters, each off unless set, e.g. the held reading of
@@ -50,6 +58,9 @@ class RolloutConfig:
     image_size: int | None = None
     # Where report.json, report.md and videos/ go.
     output_dir: str = "outputs/rollout"
+    # Figures of how the first N action chunks of each task's first episode form over the denoising
+    # steps (PNG under <output_dir>/denoising/; a discrete or factored head). 0 = none.
+    show_denoising: int = 0
     # Videos of the first N episodes of each task (0 = none); --video_dir overrides where they go.
     videos_per_task: int = 2
     video_dir: str | None = None
@@ -67,6 +78,8 @@ class RolloutConfig:
     def __post_init__(self):
         if not self.checkpoint:
             raise ValueError("--checkpoint is required: a folder written by `dvla train`")
+        if self.show_denoising < 0:
+            raise ValueError(f"show_denoising must be >= 0, got {self.show_denoising}")
         for name in ("episodes", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -76,8 +89,25 @@ class RolloutConfig:
             )
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.action_bounds is not None and self.action_bounds != "env":
+            parse_bounds(self.action_bounds)  # a malformed value fails here, before anything runs
         if self.image_size is not None and self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 (or unset: the checkpoint's), got {self.image_size}")
         if self.videos_per_task < 0:
             raise ValueError(f"videos_per_task must be >= 0, got {self.videos_per_task}")
         self.mixed_precision = check_precision(self.mixed_precision)
+
+
+def parse_bounds(text: str) -> tuple[list[float], list[float]]:
+    """ "LOW,...;HIGH,..." -> (low, high) lists of floats."""
+    parts = text.split(";")
+    try:
+        low, high = ([float(v) for v in part.split(",")] for part in parts)
+    except ValueError:
+        raise ValueError(
+            f"action_bounds must be 'env' or 'LOW,...;HIGH,...' (numbers, one per action dimension), "
+            f"got {text!r}"
+        ) from None
+    if len(low) != len(high):
+        raise ValueError(f"action_bounds: {len(low)} low values but {len(high)} high ones")
+    return low, high

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from dvla.action_head import build_head
-from dvla.action_head.base import Backbone, HeadSpec, Vocabulary
+from dvla.action_head.base import Backbone, ChunkConstraint, HeadSpec, Vocabulary
 from dvla.adapters.base import CoreSpec, LossInputs, PrefixInputs, Slot, build_adapters
 from dvla.backbone import layout
 from dvla.backbone.configuration import DiffusionLMConfig
@@ -263,11 +263,17 @@ class DiffusionVLA(nn.Module):
     # ---- inference ------------------------------------------------------------------------------
     @torch.no_grad()
     def sample_actions(
-        self, obs: Observation, decode_config: DecodeConfig, generator=None, use_cache: bool = True
+        self,
+        obs: Observation,
+        decode_config: DecodeConfig,
+        generator=None,
+        use_cache: bool = True,
+        constraint: ChunkConstraint | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Action chunk (B, H, D) in [-1, 1] and the number of backbone forwards (prefix pass included).
 
-        use_cache=False recomputes the prefix at every step (for comparison; same result)."""
+        use_cache=False recomputes the prefix at every step (for comparison; same result).
+        `constraint`: known first steps (inpainting) and per-dimension bounds, normalised units."""
         if not use_cache and decode_config.autoregressive:
             raise ValueError("use_cache=False is only for parallel decoding")
         prefix = self.encode_prefix(obs)
@@ -278,7 +284,7 @@ class DiffusionVLA(nn.Module):
             batch_size=obs.batch_size,
         )
         actions, forwards = self.head.sample(
-            backbone, decode_config, generator=generator, use_cache=use_cache
+            backbone, decode_config, generator=generator, use_cache=use_cache, constraint=constraint
         )
         return actions, forwards + (1 if use_cache else 0)
 

@@ -130,14 +130,14 @@ def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dat
     episodes = [0, 1]  # the tiny dataset's reach-v3 episodes, as the bench found them
     config = PeerConfig(policies=["act"], dataset_root=str(root), steps=3, batch_size=4, size="tiny")
     with pytest.raises(FileExistsError, match="with --steps=2; .* with --steps=3$"):
-        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu", amp=AMP)
+        train_peer("act", "reach-v3", episodes, config, folder, (4, 2), "cpu", amp=AMP)
     config.steps, config.extra_args = 2, ["--policy.optimizer_lr=1e-4"]
     with pytest.raises(FileExistsError, match="to train with --policy.optimizer_lr=1e-4"):
-        train_peer("act", "reach-v3", episodes, config, folder, 4, "cpu", amp=AMP)
+        train_peer("act", "reach-v3", episodes, config, folder, (4, 2), "cpu", amp=AMP)
     config.extra_args = []
     with pytest.raises(FileExistsError, match="--policy.chunk_size=4 .*--policy.chunk_size=8"):
         train_peer(
-            "act", "reach-v3", episodes, config, folder, 8, "cpu", amp=AMP
+            "act", "reach-v3", episodes, config, folder, (8, 4), "cpu", amp=AMP
         )  # another checkpoint's chunk
     # a record from before the arguments were kept, and a half-trained run started with other ones
     legacy = tmp_path / "legacy"
@@ -145,31 +145,31 @@ def test_peer_trained_with_other_settings_is_not_overwritten(bench_run, tiny_dat
     record = json.loads((folder / DONE_FILE).read_text())
     (legacy / DONE_FILE).write_text(json.dumps({k: v for k, v in record.items() if k != "args"}))
     with pytest.raises(FileExistsError, match="older dvla"):
-        train_peer("act", "reach-v3", episodes, config, legacy, 4, "cpu", amp=AMP)
+        train_peer("act", "reach-v3", episodes, config, legacy, (4, 2), "cpu", amp=AMP)
     partial = tmp_path / "partial"
     (partial / "checkpoints" / "last" / "training_state").mkdir(parents=True)
     (partial / "checkpoints" / "last" / "training_state" / "training_step.json").write_text('{"step": 1}')
     (tmp_path / "partial.args.json").write_text(json.dumps(["lerobot-train", "--steps=9"]))
     with pytest.raises(FileExistsError, match="partly trained with --steps=9"):
-        train_peer("act", "reach-v3", episodes, config, partial, 4, "cpu", amp=AMP)
+        train_peer("act", "reach-v3", episodes, config, partial, (4, 2), "cpu", amp=AMP)
 
 
 def test_diffusion_warmup_fits_a_short_budget(tiny_dataset, tmp_path):
     root, _ = tiny_dataset
     for steps, warmup in ((300, 30), (20_000, 500)):  # a tenth of the budget, at most LeRobot's 500
         config = PeerConfig(dataset_root=str(root), steps=steps)
-        args = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+        args = train_args("diffusion", "reach-v3", [0], config, tmp_path, (16, 8), "cpu")
         assert f"--policy.scheduler_warmup_steps={warmup}" in args
     config.extra_args = ["--policy.scheduler_warmup_steps=7"]  # the user's flag comes last: it wins
-    args = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu")
+    args = train_args("diffusion", "reach-v3", [0], config, tmp_path, (16, 8), "cpu")
     assert args.index("--policy.scheduler_warmup_steps=500") < args.index("--policy.scheduler_warmup_steps=7")
 
 
 def test_policy_steps_give_one_peer_its_own_budget(tiny_dataset, tmp_path):
     root, _ = tiny_dataset
     config = PeerConfig(dataset_root=str(root), steps=300, policy_steps={"act": 400})
-    act = train_args("act", "reach-v3", [0], config, tmp_path, 16, "cpu")
-    diffusion = train_args("diffusion", "reach-v3", [0], config, tmp_path, 16, "cpu", amp=False)
+    act = train_args("act", "reach-v3", [0], config, tmp_path, (16, 8), "cpu")
+    diffusion = train_args("diffusion", "reach-v3", [0], config, tmp_path, (16, 8), "cpu", amp=False)
     assert "--steps=400" in act and "--save_freq=100" in act
     assert "--policy.use_amp=true" in act and "--policy.use_amp=false" in diffusion  # fp32 where dvla is
     assert "--steps=300" in diffusion and "--policy.scheduler_warmup_steps=30" in diffusion
@@ -189,6 +189,17 @@ def test_missing_task_in_peer_dataset(tiny_dataset):
         task_episodes(root, {"pick-place-v3": task_description("pick-place-v3")})
     episodes = task_episodes(root, {"reach-v3": task_description("reach-v3")})
     assert len(episodes["reach-v3"]) == 2
+
+
+def test_peers_follow_dvla_chunking_or_their_own(tiny_dataset, tmp_path):
+    root, _ = tiny_dataset
+    assert PeerConfig().control(50) == (50, 25)  # dvla's receding horizon by default
+    own = PeerConfig(dataset_root=str(root), chunk_size=100, n_action_steps=100)  # ACT's defaults
+    assert own.control(50) == (100, 100)
+    args = train_args("act", "reach-v3", [0], own, tmp_path, own.control(50), "cpu")
+    assert "--policy.chunk_size=100" in args and "--policy.n_action_steps=100" in args
+    with pytest.raises(ValueError, match="cannot exceed peers.chunk_size"):
+        PeerConfig(chunk_size=10, n_action_steps=20)
 
 
 def test_bench_config_errors(tmp_path):

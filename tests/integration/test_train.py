@@ -279,12 +279,14 @@ def test_every_shipped_config_parses():
 
     import draccus
 
+    from dvla.bench.config import BenchConfig
     from dvla.sim.command import CollectConfig
 
     files = sorted((Path(__file__).parents[2] / "configs").glob("*/*.yaml"))
     assert len(files) >= 20
+    classes = {"collect": CollectConfig, "bench": BenchConfig}
     for path in files:
-        config_class = CollectConfig if path.parent.name == "collect" else TrainConfig
+        config_class = classes.get(path.parent.name, TrainConfig)
         config = draccus.parse(config_class=config_class, args=[f"--config_path={path}"])
         assert config.root if config_class is CollectConfig else config.output_dir, path.name
         if config_class is TrainConfig:  # and dumps to YAML that loads back (train_config.yaml)

@@ -130,6 +130,8 @@ def test_vision_config_rejects_unknown_kwargs_and_models():
         VisionConfig(timm_kwargs={"pretrained_cfg_overlay": {}})
     with pytest.raises(ValueError, match="timm cannot build"):
         VisionEncoder(VisionConfig(model_name="no_such_model_v9"), 8)
+    with pytest.raises(ValueError, match="shift_fraction"):
+        VisionConfig(shift_fraction=0.5)
 
 
 def test_random_shift_moves_content_within_the_pad():
