@@ -182,8 +182,15 @@ def test_resume_after_interruption_keeps_finished_episodes(tmp_path):
     root = tmp_path / "interrupted"
     proc = subprocess.Popen(_collect_cli(root), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parts = root / WORK_DIR / "parts"
+    state = root / WORK_DIR / "state.json"
+
+    def part_recorded() -> bool:  # a worker wrote a part, and the main process then its elapsed time
+        if not list(parts.glob(f"*/{PART_MANIFEST}")) or not state.exists():
+            return False
+        return json.loads(state.read_text())["elapsed_s"] > 0
+
     deadline = time.time() + 240
-    while time.time() < deadline and not list(parts.glob(f"*/{PART_MANIFEST}")):
+    while time.time() < deadline and not part_recorded():
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)  # a hard kill: no clean-up in the main process
     proc.wait()
