@@ -205,9 +205,8 @@ class DiffusionVLAPolicy:
             mine = [episodes[r] for r in rows]
             inputs = ({c: image[pick] for c, image in images.items()}, [texts[r] for r in rows], state[pick],
                       mine, known)  # fmt: skip
-            later = [e for e in mine if pipelined[e] and self._background]
             executors = [self._executor(e) for e in mine]
-            if later and len(later) == len(mine):  # the robot runs the old chunk meanwhile
+            if self._background and all(pipelined[e] for e in mine):  # the robot runs the old chunk meanwhile
                 future = self._background.submit(_with_autocast_of_caller(self.device), self._chunk, *inputs)
                 self._in_flight.append((future, mine, executors))
                 continue
@@ -222,7 +221,7 @@ class DiffusionVLAPolicy:
     def pop(self, episodes: list) -> torch.Tensor:
         """This control step's action (B, D) of each of `episodes`, in robot units (waiting for a
         background chunk only when an episode has run out of actions without it)."""
-        needed = {id(self._executor(e)) for e in episodes if self._executor(e).waiting()}
+        needed = {id(x) for x in map(self._executor, episodes) if x.waiting()}
         for entry in list(self._in_flight):
             future, mine, executors = entry
             if not future.done() and not needed & {id(x) for x in executors}:
