@@ -83,6 +83,8 @@ class ChunkExecutor:
         self.source: int | None = None  # the chunk the last popped action came from (None: ensembled)
         self.chunks: list[tuple[int, int, torch.Tensor]] = []  # ensemble: (planned at, usable from, robot)
         self.in_flight: str | None = None  # a begun plan: "now" (executed from its step 0) or "next"
+        self.begun_at = 0  # the control step the begun plan observed
+        self.latest: tuple[int, torch.Tensor] | None = None  # (step 0 at, last chunk (H, D) robot units)
 
     def wants_plan(self) -> bool:
         if self.in_flight:
@@ -98,6 +100,7 @@ class ChunkExecutor:
         d actions left meanwhile), False when the robot waits for it."""
         pipelined = self.config.mode != "ensemble" and bool(self.queue)
         self.in_flight = "next" if pipelined else "now"
+        self.begun_at = self.t
         return pipelined
 
     def waiting(self) -> bool:
@@ -115,6 +118,7 @@ class ChunkExecutor:
         if self.in_flight is None:  # planned and accepted within this step
             self.begin()
         kind, self.in_flight = self.in_flight, None
+        self.latest = (self.begun_at, robot)
         if self.config.mode == "ensemble":
             self.planned += 1
             usable = self.t + (self.delay if self.chunks else 0)  # the first one: the robot waits
@@ -129,6 +133,14 @@ class ChunkExecutor:
             self.pending = steps[self.delay : self.delay + self.window]
         else:  # a pipelined chunk that arrived after the old one ran out
             self.queue.extend(steps[self.delay : self.delay + self.window])
+
+    def plan_ahead(self) -> tuple[torch.Tensor, int] | None:
+        """The latest chunk (H, D) in robot units and the index of its step that the next `pop`
+        executes (how far the robot has got along it; beyond H when it has run out), or None."""
+        if self.latest is None:
+            return None
+        start, robot = self.latest
+        return robot, self.t - start
 
     def pop(self) -> torch.Tensor:
         """The robot action (D,) of this control step."""

@@ -214,6 +214,11 @@ class DiffusionVLAPolicy:
             for i, executor in enumerate(executors):
                 executor.accept(normalised[i], robot[i])
 
+    def plan_ahead(self, episode) -> tuple[torch.Tensor, int] | None:
+        """The episode's latest chunk (H, D) in robot units and the index of the step its next
+        action comes from (`ChunkExecutor.plan_ahead`), or None before its first chunk."""
+        return self._executor(episode).plan_ahead()
+
     def source(self, episode) -> int | None:
         """The chunk index the episode's last action came from (None when chunks are ensembled)."""
         return self._executor(episode).source

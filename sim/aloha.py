@@ -42,6 +42,10 @@ class Aloha(Environment):
         """The arm joints' limits in the task's model (radians) and the grippers' opening in [0, 1]."""
         return aloha_env.action_bounds(task)
 
+    def plan_overlay(self, task, cameras, image_shape):
+        """The grippers' fingers where the chunk's joint positions put them (forward kinematics)."""
+        return aloha_env.plan_overlay(task, cameras, image_shape)
+
     def image_shape(self, height):
         """lerobot's 480x640 by default; a smaller height keeps the 3:4 aspect ratio."""
         h, w = aloha_env.IMAGE_SHAPE

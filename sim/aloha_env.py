@@ -102,6 +102,34 @@ def action_bounds(task: str) -> tuple[list[float], list[float]]:
     return [float(lo) for lo, _ in limits], [float(hi) for _, hi in limits]
 
 
+def plan_overlay(task: str, cameras: list[str], image_shape: tuple[int, int]):
+    """Where the joint positions of a chunk (H, 14) put the midpoint of each gripper's fingers:
+    (H, 2, 3), left then right, projected into the fixed cameras' images."""
+    import mujoco
+    from dm_control import mujoco as dm_mujoco
+    from gym_aloha.constants import ASSETS_DIR
+
+    from dvla.sim.plan_overlay import CameraProjection, PlanOverlay
+
+    check_tasks([task])
+    model = dm_mujoco.Physics.from_xml_path(str(ASSETS_DIR / XML[task])).model.ptr
+    data = mujoco.MjData(model)
+    arm = [i for i, name in enumerate(JOINT_NAMES) if not name.endswith("gripper")]  # action columns
+    address = [model.joint(f"vx300s_{JOINT_NAMES[i].replace('_', '/', 1)}").qposadr[0] for i in arm]
+    fingers = [[model.body(f"vx300s_{side}/{finger}_finger_link").id for finger in ("left", "right")]
+               for side in ("left", "right")]  # fmt: skip
+
+    def points(state: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        out = np.empty((len(chunk), 2, 3))
+        for k, action in enumerate(chunk):
+            data.qpos[address] = action[arm]
+            mujoco.mj_kinematics(model, data)
+            out[k] = [data.xpos[pair].mean(axis=0) for pair in fingers]
+        return out
+
+    return PlanOverlay(CameraProjection(model, cameras, image_shape), points)
+
+
 def joint_space_task(task: str):
     """gym-aloha's joint-space task whose observation skips its three 480x640 renders."""
     from gym_aloha.tasks.sim import InsertionTask, TransferCubeTask

@@ -74,6 +74,11 @@ class Environment:
         """The robot's action limits (low, high), `action_dim` values each (`--action_bounds env`)."""
         raise NotImplementedError(f"{self.name} declares no action limits; give them as numbers")
 
+    def plan_overlay(self, task: str, cameras: list[str], image_shape: tuple[int, int]):
+        """A `dvla.sim.plan_overlay.PlanOverlay`: where a planned chunk takes the robot's grippers,
+        in the images of the fixed cameras among `cameras` (`dvla rollout --show_plan`)."""
+        raise NotImplementedError(f"{self.name} cannot draw planned chunks (--show_plan)")
+
     def check_camera_names(self, cameras: list[str]) -> None:
         bad = [c for c in cameras if c not in self.cameras]
         if bad or not cameras:

@@ -31,6 +31,12 @@ class MetaWorld(Environment):
         """MetaWorld's action space: hand displacement and gripper effort, each in [-1, 1]."""
         return [-1.0] * self.action_dim, [1.0] * self.action_dim
 
+    def plan_overlay(self, task, cameras, image_shape):
+        """The hand's path: the chunk's displacements added up from the hand's position."""
+        from dvla.sim.metaworld_env import plan_overlay
+
+        return plan_overlay(task, cameras, image_shape)
+
     def image_shape(self, height):
         return (height or 128, height or 128)
 

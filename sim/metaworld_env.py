@@ -25,6 +25,35 @@ ACTION_DIM = 4
 CAMERAS = ("corner2", "topview", "behindGripper", "gripperPOV", "corner", "corner3")
 
 
+def build_task_env(task: str):
+    """MetaWorld's environment of `task` (its first MT1 task variant), with `corner2` where lerobot
+    puts it."""
+    import metaworld
+
+    mt1 = metaworld.MT1(task, seed=MT1_SEED)
+    env = mt1.train_classes[task]()
+    env.set_task(mt1.train_tasks[0])
+    corner2 = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
+    env.model.cam_pos[corner2] = CORNER2_POS
+    return env
+
+
+def plan_overlay(task: str, cameras: list[str], image_shape: tuple[int, int]):
+    """Where a chunk (H, 4) takes the hand from the state's hand position: the actions' displacements
+    (scaled as MetaWorld scales them, within its hand workspace) added up, (H, 1, 3), projected into
+    the fixed cameras' images. The hand lags its target a little, so this is where it is sent."""
+    from dvla.sim.plan_overlay import CameraProjection, PlanOverlay
+
+    env = build_task_env(task)
+
+    def points(state: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+        steps = np.clip(chunk[:, :3], -1, 1) * env.action_scale  # (H, 3)
+        path = np.clip(state[:3] + np.cumsum(steps, axis=0), env.mocap_low, env.mocap_high)
+        return path[:, None, :]
+
+    return PlanOverlay(CameraProjection(env.model, cameras, image_shape), points)
+
+
 @dataclass
 class MetaWorldEnvConfig:
     """How one MetaWorld environment is built and rendered."""
@@ -88,13 +117,7 @@ class MetaWorldEnv(gym.Env):
     def _ensure_env(self) -> None:
         if self._env is not None:
             return
-        import metaworld
-
-        mt1 = metaworld.MT1(self.task, seed=MT1_SEED)
-        env = mt1.train_classes[self.task]()
-        env.set_task(mt1.train_tasks[0])
-        corner2 = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, "corner2")
-        env.model.cam_pos[corner2] = CORNER2_POS
+        env = build_task_env(self.task)
         env.reset()
         env._freeze_rand_vec = False  # randomise object positions at every reset ...
         env.seeded_rand_vec = True  # ... from the env's seeded RNG, so reset(seed=s) is reproducible

@@ -72,6 +72,7 @@ class DVLAActor:
         self.autocast = autocast or contextlib.nullcontext()
         self.stats = PlanStats()
         self._executed: dict[int, list] = {}  # slot -> [(action, chunk index)]
+        self._planned_from: dict[int, np.ndarray] = {}  # slot -> the state its latest chunk saw
         # figures of how the first `show_denoising` chunks of labelled episodes form
         self.show_denoising, self.figure_dir = show_denoising, Path(figure_dir or ".")
         self._figures: dict[int, tuple[str, int]] = {}  # slot -> (label, chunks drawn)
@@ -79,6 +80,7 @@ class DVLAActor:
     def start(self, slot: int, label: str | None = None) -> None:
         """A new episode begins in `slot`; `label` names the figures of its chunks (if any)."""
         self._executed[slot] = []
+        self._planned_from.pop(slot, None)
         self.policy.forget(slot)
         self._figures.pop(slot, None)
         if label and self.show_denoising:
@@ -96,6 +98,7 @@ class DVLAActor:
             with self.autocast:
                 self.policy.plan(planning, images, [texts[s] for s in planning], state)
             self.stats.add((time.perf_counter() - tick) * 1000, len(planning), self.policy.last_forwards)
+            self._planned_from.update({s: observations[s]["state"] for s in planning})
             self._draw(planning)
         actions = self.policy.pop(slots).float().cpu().numpy()  # (B, D)
         for slot, action in zip(slots, actions, strict=True):
@@ -118,6 +121,15 @@ class DVLAActor:
             title = f"{label}, chunk {drawn}" + (f" ({known} known steps)" if known else "")
             plot_chunk_forming(history, confidence, head.tokens, head.spec.chunk_size, path, title, known)
             self._figures[slot] = (label, drawn + 1)
+
+    def plan_ahead(self, slot: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """The state the episode's latest chunk was planned from, that chunk (H, D) in robot units
+        and the index of the step its next action comes from; None before its first chunk."""
+        plan = self.policy.plan_ahead(slot)
+        if plan is None:
+            return None
+        chunk, index = plan
+        return self._planned_from[slot], chunk.float().cpu().numpy(), index
 
     def jerk(self, slot: int) -> dict | None:
         """The episode's jerk within chunks and across switches (None when chunks are ensembled)."""

@@ -139,6 +139,8 @@ def make_actor(config: RolloutConfig, device: torch.device, precision: str):
     autocast = precision_autocast(precision, device)
     lerobot_path = resolve_lerobot_policy(config.checkpoint)
     if lerobot_path is not None:
+        if config.show_plan:
+            raise ValueError("--show_plan draws a dvla policy's chunks; a LeRobot policy keeps its own")
         actor = LeRobotActor(lerobot_path, device, autocast)
         resolve_environment(config, {})
         # rendered at the size it was trained on: a LeRobot policy does not resize its input
@@ -240,6 +242,22 @@ def run_episodes(
     env_config = PoolEnvConfig(environment.name, list(actor.cameras), shape, config.max_steps)
     environment.make(tasks[0], env_config.cameras, shape, 0, config.max_steps).close()  # checks it all
     video_dir = Path(config.video_dir) if config.video_dir else Path(config.output_dir) / "videos"
+    overlays: dict[str, object] = {}  # task -> PlanOverlay, built when first filmed
+
+    def plans(slot: int, task: str) -> dict | None:
+        """{camera: (pixels, next step)} of the slot's latest chunk, for --show_plan."""
+        plan = actor.plan_ahead(slot) if config.show_plan else None
+        if plan is None:
+            return None
+        if task not in overlays:
+            overlays[task] = environment.plan_overlay(task, list(actor.cameras), shape)
+            if not overlays[task].cameras:
+                raise ValueError(
+                    f"--show_plan draws on fixed cameras; {', '.join(actor.cameras)} move with the robot"
+                )
+        state, chunk, index = plan
+        return {camera: (xy, index) for camera, xy in overlays[task].pixels(state, chunk).items()}
+
     seeds = [config.seed_start + i for i in range(config.episodes)]
     finished: dict[str, list[dict]] = {task: list((kept or {}).get(task, [])) for task in tasks}
     ran = {(task, e["seed"]) for task, episodes in finished.items() for e in episodes}
@@ -286,7 +304,8 @@ def run_episodes(
                 observations[slot] = result.observation
                 over = ep.success or result.terminated or result.truncated
                 if ep.frames is not None:
-                    ep.frames.append(compose_frame(result.observation["images"], _caption(ep, over)))
+                    shown = plans(slot, ep.task)
+                    ep.frames.append(compose_frame(result.observation["images"], _caption(ep, over), shown))
                 if over:
                     done.append(slot)
             for slot in done:

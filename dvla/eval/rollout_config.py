@@ -61,6 +61,9 @@ class RolloutConfig:
     # Figures of how the first N action chunks of each task's first episode form over the denoising
     # steps (PNG under <output_dir>/denoising/; a discrete or factored head). 0 = none.
     show_denoising: int = 0
+    # Draw the executed chunk's plan over the videos: where it sends the grippers (MetaWorld's hand:
+    # its displacements added up; ALOHA's fingers: forward kinematics), on the fixed cameras.
+    show_plan: bool = False
     # Videos of the first N episodes of each task (0 = none); --video_dir overrides where they go.
     videos_per_task: int = 2
     video_dir: str | None = None

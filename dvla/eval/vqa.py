@@ -44,7 +44,7 @@ class VQAConfig:
     # Print the answer block after every denoising step (which tokens were filled in when).
     show_steps: bool = False
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-    # Where the accuracy report goes (JSON); None = <output_dir>/vqa_<split>.json.
+    # Where the accuracy report (vqa_<split>.json) and the --show_steps figure (answer_steps.png) go.
     output_dir: str = "outputs/vqa"
     # "bf16" autocast, "no" (fp32) or "auto" (bf16 where the CPU runs it natively; `dvla.training.precision`).
     mixed_precision: str = "auto"
@@ -120,7 +120,25 @@ def answer_one(config: VQAConfig) -> str:
         result = policy.model.answer(obs, decode)
     if config.show_steps:
         print("\n".join(format_steps(policy.tokenizer, result.history, policy.model.mask_id)))
+        figure = plot_answer_steps(policy.tokenizer, result, policy.model.mask_id, config)
+        print(f"how the answer formed: {figure}")
     return decode_answers(policy.tokenizer, result.tokens)[0]
+
+
+def plot_answer_steps(tokenizer, result, mask_id: int, config: VQAConfig) -> Path:
+    """<output_dir>/answer_steps.png: the answer block (B=1) after each step, shaded by confidence."""
+    from dvla.eval.denoising_plot import plot_answer_forming, reveal_steps
+
+    history = [block[0] for block in result.history]
+    revealed = reveal_steps(history, mask_id)
+    confidence = np.zeros(len(revealed))
+    for step, scores in enumerate(result.confidence, start=1):
+        at = revealed == step
+        confidence[at] = scores[0].float().cpu().numpy()[at]
+    tokens = [[tokenizer.convert_ids_to_tokens(t) if t != mask_id else "" for t in block.tolist()]
+              for block in history]  # fmt: skip
+    path = Path(config.output_dir) / "answer_steps.png"
+    return plot_answer_forming(tokens, revealed, confidence, path, f"Q: {config.question}")
 
 
 def normalise(answer: str) -> str:

@@ -57,7 +57,7 @@ def test_train_then_rollout_in_the_checkpoints_environment(aloha_checkpoint, tmp
     args += ["--max_steps", "6", "--image_size", "48", "--videos_per_task", "1", "--output_dir", str(out)]
     # the next chunk continues the one that runs during a simulated delay of 1 step, within joint limits
     execution = ["--n_action_steps", "3", "--execution.mode", "inpaint", "--execution.inference_delay", "1"]
-    shown = ["--decode.steps", "2", "--show_denoising", "2"]  # figures of the first two chunks
+    shown = ["--decode.steps", "2", "--show_denoising", "2", "--show_plan"]  # figures of two chunks, plans
     assert main([*args, *execution, *shown, "--action_bounds", "env"]) == 0
     figures = sorted((out / "denoising").glob("*.png"))
     assert [f.name for f in figures] == ["transfer_cube_ep000_chunk00.png", "transfer_cube_ep000_chunk01.png"]
@@ -73,6 +73,7 @@ def test_train_then_rollout_in_the_checkpoints_environment(aloha_checkpoint, tmp
     )
     episode = report["per_task"]["transfer_cube"]
     assert episode["seeds"] == [1000] and episode["mean_length"] == 6 and len(episode["videos"]) == 1
+    assert _has_plan_overlay(episode["videos"][0])  # the grippers' planned paths, in yellow to red
     assert main([*args[:4], "reach-v3", *args[5:]]) != 0  # a MetaWorld task does not exist here
     assert "unknown ALOHA task(s) ['reach-v3']" in capsys.readouterr().err
 
@@ -125,3 +126,13 @@ def test_closed_loop_benchmark_compares_execution_modes(aloha_checkpoint, tmp_pa
     assert rows["inpaint, d=1"]["forwards_per_chunk"] <= rows["receding, no delay"]["forwards_per_chunk"]
     assert rows["receding, no delay"]["paired_vs_baseline"]["episodes"] == 1
     assert "| inpaint, d=1 |" in result.stdout
+
+
+def _has_plan_overlay(video: str) -> bool:
+    """Whether a frame after the first shows the plan's yellow dot (the scene has no yellow)."""
+    import av
+
+    with av.open(video) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    yellow = [((f[..., 0] > 200) & (f[..., 1] > 180) & (f[..., 2] < 120)).sum() for f in frames]
+    return yellow[0] == 0 and yellow[2] > 10

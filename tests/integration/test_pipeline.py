@@ -221,9 +221,10 @@ def test_vqa_command_scores_a_split_and_shows_steps(cotrained, tiny_vqa, tmp_pat
     pixels = (sample["images"]["scene"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
     Image.fromarray(pixels).save(image)
     ask = ["vqa", "--checkpoint", str(cotrained), "--image", str(image), "--question", sample["question"]]
-    assert main([*ask, "--show_steps", "--decode.steps", "2"]) == 0
+    assert main([*ask, "--show_steps", "--decode.steps", "2", "--output_dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "step 1:" in printed and "step 2:" in printed and "A:" in printed
+    assert (out / "answer_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([*ask[:3], "--image", str(tmp_path / "missing.png"), "--question", "how many?"]) == 1
     assert "no image file" in capsys.readouterr().err
 

@@ -45,6 +45,10 @@ def test_delay_runs_the_old_chunk_while_the_next_is_computed():
     # steps 2-3 still run chunk 0; from step 4 chunk 1 from its step d, which is meant for step 4
     assert executed[:, 0].tolist() == [0, 1, 2, 3, 104, 105, 106, 107, 208, 209, 210, 211]
     assert executor.source == 2
+    # the latest chunk (planned at step 10, for steps 10..17) is drawn from its step 2 (step 12) on
+    latest, next_step = executor.plan_ahead()
+    torch.testing.assert_close(latest, chunk(3, 10))
+    assert next_step == 2
 
 
 def test_inpainting_hands_over_the_actions_executed_meanwhile():
