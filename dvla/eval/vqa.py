@@ -1,7 +1,9 @@
-"""`dvla vqa`: answer a question about an image, or measure exact-match accuracy on a VQA split.
+"""`dvla vqa`: answer a question about an image, answer a file of questions, or measure
+exact-match accuracy on a VQA split.
 
 Examples:
   dvla vqa --checkpoint CKPT --image scene.png --question "how many objects are there?" --show_steps
+  dvla vqa --checkpoint CKPT --questions questions.jsonl      # -> questions.answers.jsonl
   dvla vqa --checkpoint CKPT --dataset outputs/vqa_scenes --split test
 """
 
@@ -35,6 +37,13 @@ class VQAConfig:
     # One image file and one question ...
     image: str | None = None
     question: str | None = None
+    # ... or a JSONL file, one {"image": path, "question": text, ...} per line (image paths relative
+    # to the file's folder); answers go to --answers (default: <file>.answers.jsonl beside it), each
+    # line the question's record with "answer" added ...
+    questions: str | None = None
+    answers: str | None = None
+    # Replace an existing answers file.
+    overwrite: bool = False
     # ... or a VQA scenes dataset folder and split, for accuracy overall and per question type.
     dataset: str | None = None
     split: str = "test"
@@ -53,8 +62,10 @@ class VQAConfig:
         if not self.checkpoint:
             raise ValueError("--checkpoint is required: a folder written by `dvla train`")
         single = self.image is not None or self.question is not None
-        if single == (self.dataset is not None):
-            raise ValueError("give either --image and --question, or --dataset (with --split)")
+        if sum([single, self.dataset is not None, self.questions is not None]) != 1:
+            raise ValueError(
+                "give one of: --image and --question, --questions FILE.jsonl, or --dataset (with --split)"
+            )
         if single and (self.image is None or not self.question):
             raise ValueError("--image and --question go together")
         if self.batch_size < 1 or (self.limit is not None and self.limit < 1):
@@ -141,6 +152,76 @@ def plot_answer_steps(tokenizer, result, mask_id: int, config: VQAConfig) -> Pat
     return plot_answer_forming(tokens, revealed, confidence, path, f"Q: {config.question}")
 
 
+def read_questions(path: str) -> list[dict]:
+    """The records of a questions JSONL file, each checked (a JSON object with an existing "image"
+    file and a non-empty "question"); image paths are made absolute from the file's folder."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no questions file {path}")
+    records = []
+    for number, line in enumerate(file.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where} is not JSON ({err.msg}); each line is one JSON object") from None
+        question = record.get("question") if isinstance(record, dict) else None
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f'{where}: needs {{"image": PATH, "question": TEXT}}, got {line[:120]}')
+        if not isinstance(record.get("image"), str):
+            raise ValueError(f'{where}: "image" must be a path to an image file')
+        image = file.parent / record["image"]
+        if not image.is_file():
+            raise FileNotFoundError(f"{where}: no image file {image}")
+        records.append({**record, "image_path": str(image)})
+    if not records:
+        raise ValueError(f"{path} holds no questions")
+    return records
+
+
+def answer_questions(policy, records: list[dict], batch_size: int, progress: bool = True) -> list[str]:
+    """Answers to `read_questions` records, `batch_size` at a time (images of one size per forward)."""
+    from tqdm import tqdm
+
+    answers: list[str | None] = [None] * len(records)
+    starts = range(0, len(records), batch_size)
+    for start in tqdm(starts, desc="vqa", unit="batch", disable=not progress):
+        rows = range(start, min(start + batch_size, len(records)))
+        images = {row: load_image(records[row]["image_path"]) for row in rows}
+        by_shape: dict[tuple, list[int]] = defaultdict(list)
+        for row in rows:
+            by_shape[tuple(images[row].shape)].append(row)
+        for same in by_shape.values():
+            batch = torch.cat([images[row] for row in same])  # (B, 3, H, W)
+            got = policy.answer({VQA_CAMERA: batch}, [records[row]["question"] for row in same])
+            for row, answer in zip(same, got, strict=True):
+                answers[row] = answer
+    return answers
+
+
+def answer_file(config: VQAConfig) -> Path:
+    """Answer every question of --questions; the answers file, written once all are answered."""
+    records = read_questions(config.questions)
+    source = Path(config.questions)
+    out = Path(config.answers) if config.answers else source.with_name(f"{source.stem}.answers.jsonl")
+    if out.exists() and not config.overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it, or --answers PATH")
+    policy = load_vqa_policy(resolve_checkpoint(config.checkpoint), config.decode)
+    with _autocast(config):
+        answers = answer_questions(policy, records, config.batch_size)
+    lines = []
+    for record, answer in zip(records, answers, strict=True):
+        record = {k: v for k, v in record.items() if k != "image_path"}
+        lines.append(json.dumps({**record, "answer": answer}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(out)
+    return out
+
+
 def normalise(answer: str) -> str:
     return " ".join(answer.lower().split())
 
@@ -218,6 +299,10 @@ def _autocast(config: VQAConfig):
 
 
 def run(config: VQAConfig):
+    if config.questions is not None:
+        out = answer_file(config)
+        print(f"answers: {out}")
+        return out
     if config.dataset is not None:
         report = evaluate(config)
         print(format_accuracy(report))

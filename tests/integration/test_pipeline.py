@@ -229,6 +229,42 @@ def test_vqa_command_scores_a_split_and_shows_steps(cotrained, tiny_vqa, tmp_pat
     assert "no image file" in capsys.readouterr().err
 
 
+def test_vqa_answers_a_file_of_questions_in_batches(cotrained, tiny_vqa, tmp_path, capsys):
+    from PIL import Image
+
+    from dvla.backbone.decoder import DecodeConfig
+    from dvla.eval.vqa import load_image, load_vqa_policy
+
+    scenes = VQAScenes(tiny_vqa, "test")
+    lines = []
+    for i in range(3):
+        sample = scenes[i]
+        pixels = (sample["images"]["scene"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        image = Image.fromarray(pixels)
+        if i == 2:  # another size: answered in its own forward
+            image = image.resize((image.width * 2, image.height * 2))
+        image.save(tmp_path / f"{i}.png")
+        lines.append(json.dumps({"id": f"q{i}", "image": f"{i}.png", "question": sample["question"]}))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("\n".join(lines) + "\n\n")  # a blank line is skipped
+    ask = ["vqa", "--checkpoint", str(cotrained), "--questions", str(questions), "--mixed_precision", "no"]
+    assert main([*ask, "--batch_size", "2"]) == 0
+    answered = [json.loads(line) for line in (tmp_path / "questions.answers.jsonl").read_text().splitlines()]
+    assert [a["id"] for a in answered] == ["q0", "q1", "q2"] and answered[0]["image"] == "0.png"
+    policy = load_vqa_policy(str(cotrained), DecodeConfig())
+    one_by_one = [
+        policy.answer({"scene": load_image(str(tmp_path / f"{i}.png"))}, [answered[i]["question"]])[0]
+        for i in range(3)
+    ]
+    assert [a["answer"] for a in answered] == one_by_one  # batching changes no answer
+    capsys.readouterr()
+    assert main(ask) == 1  # answers are never overwritten silently
+    assert "--overwrite" in capsys.readouterr().err
+    questions.write_text(lines[0] + "\n" + '{"image": "0.png"}\n')
+    assert main([*ask, "--overwrite"]) == 1
+    assert "line 2: needs" in capsys.readouterr().err
+
+
 def _synthetic_dataset(root, action_dim=3, state_dim=6, episodes=2, length=10):
     """A LeRobot dataset of another robot: one 32 px camera 'front', 6-D state, 3-D actions."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
