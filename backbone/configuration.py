@@ -26,6 +26,7 @@ class DiffusionLMConfig(PretrainedConfig):
         head_dim: int | None = None,
         rms_norm_eps: float = 1e-6,
         rope_theta: float = 10000.0,
+        llama3_rope: dict | None = None,
         max_position_embeddings: int = 2048,
         attention_bias: bool = False,
         attention_out_bias: bool = False,
@@ -46,6 +47,9 @@ class DiffusionLMConfig(PretrainedConfig):
         self.head_dim = head_dim or hidden_size // num_attention_heads
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
+        # Llama 3's RoPE frequency scaling: {factor, low_freq_factor, high_freq_factor,
+        # original_max_position_embeddings}; None = plain RoPE
+        self.llama3_rope = dict(llama3_rope) if llama3_rope else None
         self.max_position_embeddings = max_position_embeddings
         self.attention_bias = attention_bias
         self.attention_out_bias = attention_out_bias
@@ -61,6 +65,9 @@ class DiffusionLMConfig(PretrainedConfig):
         self._check()
 
     def _check(self) -> None:
+        keys = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        if self.llama3_rope is not None and set(self.llama3_rope) != keys:
+            raise ValueError(f"llama3_rope needs exactly {sorted(keys)}, got {sorted(self.llama3_rope)}")
         if self.head_dim <= 0 or self.head_dim % 2:
             raise ValueError(f"head_dim must be a positive even number (RoPE), got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -8,6 +8,7 @@ computed once and reused exactly at every denoising step (`past_key_values`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -36,19 +37,31 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, llama3: dict | None = None):
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim, self.theta, self.llama3 = head_dim, theta, llama3
         self.register_buffer("inv_freq", self.compute_inv_freq(), persistent=False)
 
     def compute_inv_freq(self) -> torch.Tensor:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim
-        return 1.0 / (self.theta**exponents)  # (hd/2,)
+        inv_freq = 1.0 / (self.theta**exponents)  # (hd/2,)
+        return inv_freq if self.llama3 is None else llama3_scaled(inv_freq, **self.llama3)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq  # (B, L, hd/2)
         angles = torch.cat([freqs, freqs], dim=-1)  # (B, L, hd)
         return angles.cos()[:, None], angles.sin()[:, None]  # (B, 1, L, hd)
+
+
+def llama3_scaled(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                  original_max_position_embeddings: int) -> torch.Tensor:  # fmt: skip
+    """Llama 3's long-context RoPE: frequencies whose wavelength exceeds the original context /
+    low_freq_factor are divided by `factor`, those below context / high_freq_factor are kept, and
+    the band between blends the two linearly in context / wavelength."""
+    wavelength = 2 * math.pi / inv_freq
+    context = original_max_position_embeddings
+    blend = ((context / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)).clamp(0, 1)
+    return (1 - blend) * inv_freq / factor + blend * inv_freq  # blend 0: long waves, 1: short ones
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -140,7 +153,7 @@ class DiffusionLMModel(DiffusionLMPreTrainedModel):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.llama3_rope)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:

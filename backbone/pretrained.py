@@ -22,11 +22,16 @@ def config_from_causal_lm(hf_config, new_tokens: int = 1) -> DiffusionLMConfig:
     kind = hf_config.model_type
     if kind not in SUPPORTED:
         raise ValueError(f"cannot adapt a {kind!r} model; supported causal LMs: {sorted(SUPPORTED)}")
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    kind_of_rope = rope.get("rope_type", rope.get("type", "default"))
+    if kind_of_rope not in ("default", "llama3"):
         raise ValueError(
-            f"RoPE scaling {rope.get('rope_type')!r} is not supported; use a model with plain RoPE"
+            f"RoPE scaling {kind_of_rope!r} is not supported; plain RoPE and Llama 3's ('llama3') are"
         )
+    llama3 = None
+    if kind_of_rope == "llama3":
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        llama3 = {key: rope[key] for key in keys}
     theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     qkv_bias = {"llama": getattr(hf_config, "attention_bias", False), "qwen2": True, "mistral": False}[kind]
     return DiffusionLMConfig(
@@ -39,6 +44,7 @@ def config_from_causal_lm(hf_config, new_tokens: int = 1) -> DiffusionLMConfig:
         head_dim=getattr(hf_config, "head_dim", None),
         rms_norm_eps=hf_config.rms_norm_eps,
         rope_theta=theta,
+        llama3_rope=llama3,
         max_position_embeddings=hf_config.max_position_embeddings,
         attention_bias=qkv_bias,
         attention_out_bias=kind == "llama" and qkv_bias,

@@ -43,8 +43,9 @@ def tiny_scenes(tmp_path_factory):
     return root, report
 
 
-def tiny_causal_lm(kind: str = "llama"):
-    """A randomly initialised, tiny Llama or Qwen2 causal LM (vocabulary 64) for offline tests."""
+def tiny_causal_lm(kind: str = "llama", **overrides):
+    """A randomly initialised, tiny Llama or Qwen2 causal LM (vocabulary 64) for offline tests;
+    `overrides` go to its config (e.g. rope_scaling)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_class, model_class = {
@@ -60,5 +61,6 @@ def tiny_causal_lm(kind: str = "llama"):
         num_key_value_heads=2,
         max_position_embeddings=256,
         tie_word_embeddings=False,
+        **overrides,
     )
     return model_class(config).eval()

@@ -240,8 +240,9 @@ def _set_aside(path: Path, err: BaseException, accelerator) -> None:
 
 
 def _new_model(config: TrainConfig, data: RunData, accelerator):
-    """A fresh model (tokenizer trained on the run's text) or one initialised from a checkpoint,
-    with the adapters' data-dependent settings taken from the data."""
+    """A fresh model (tokenizer trained on the run's text, or a causal LM's weights and tokenizer
+    with `model.backbone.init_from`) or one initialised from a dvla checkpoint, with the adapters'
+    data-dependent settings taken from the data."""
     model_config, notes = fill_from_data(config.model, data.robot, data.vqa)
     for note in notes:
         accelerator.print(f"from the data: {note}")
@@ -250,6 +251,14 @@ def _new_model(config: TrainConfig, data: RunData, accelerator):
         model, tokenizer, report = init_from_checkpoint(config.init_from, model_config)
         accelerator.print(f"init_from {config.init_from}: {report.summary()}")
         return model, tokenizer
+    if model_config.backbone.init_from:  # a causal LM's weights read text with its own tokenizer
+        from dvla.backbone.pretrained import pretrained_text
+
+        source = model_config.backbone.init_from
+        tokenizer, text_vocab = pretrained_text(source)
+        accelerator.print(f"backbone: {source}, with its tokenizer ({text_vocab} tokens)")
+        text = TextSpecials(text_vocab, tokenizer.pad_token_id, tokenizer.eos_token_id)
+        return DiffusionVLA(model_config, text), tokenizer
     texts = list(data.robot.tasks) if data.robot else []
     if data.vqa is not None:
         texts += [*data.vqa.data["question"], *data.vqa.data["answer"]]

@@ -43,6 +43,30 @@ def tiny_train_config(root, output, steps, adapters=None, **overrides) -> TrainC
     return TrainConfig(**{**values, **overrides})
 
 
+def test_training_from_a_causal_lm_reads_text_with_its_tokenizer(tiny_dataset, tmp_path):
+    """--model.backbone.init_from: the LM's weights and its own tokenizer (bins and [MASK] appended)."""
+    import draccus
+    from conftest import tiny_causal_lm
+    from transformers import AutoTokenizer
+
+    from dvla.backbone.tokenizer import train_text_tokenizer
+
+    lm = tmp_path / "lm"
+    torch.manual_seed(0)
+    train_text_tokenizer(["pick the cube", "open the door"], vocab_size=64).save_pretrained(lm)
+    source = tiny_causal_lm("llama")
+    source.save_pretrained(lm)
+    root, _ = tiny_dataset
+    config = tiny_train_config(root, tmp_path / "run", steps=2)
+    config.model.backbone = BackboneSize(init_from=str(lm))
+    model, tokenizer, _ = load_checkpoint(train(config).checkpoint)
+    assert model.text.vocab_size == 64 and model.mask_id == 64 + 16  # 16 action bins, then [MASK]
+    assert model.backbone.config.hidden_size == 32 and len(model.backbone.model.layers) == 2  # the LM's
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(lm).get_vocab()
+    args = ["--dataset.root", str(root), "--model.backbone.init_from", str(lm)]
+    assert draccus.parse(config_class=TrainConfig, args=args).model.backbone.init_from == str(lm)
+
+
 def test_resume_matches_an_uninterrupted_run(tiny_dataset, tmp_path):
     root, _ = tiny_dataset
     straight = train(tiny_train_config(root, tmp_path / "straight", steps=4))

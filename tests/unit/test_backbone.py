@@ -113,6 +113,39 @@ def test_init_from_a_tiny_causal_lm_checkpoint(tmp_path, kind):
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
 
 
+def test_init_from_a_llama3_model_keeps_its_rope_scaling(tmp_path):
+    """Llama 3's long-context RoPE (its frequencies rescaled) is reproduced, and survives saving."""
+    from dvla.backbone.modeling import DiffusionLM
+
+    torch.manual_seed(4)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}  # fmt: skip
+    source = tiny_causal_lm("llama", rope_scaling=scaling)
+    source.save_pretrained(tmp_path / "source")
+    model = from_causal_lm(tmp_path / "source").eval()
+    assert model.config.llama3_rope["factor"] == 8.0
+    ids = torch.randint(0, 64, (2, 12))
+    causal = torch.ones(12, 12, dtype=torch.bool).tril()[None, None]
+
+    def logits(m):
+        with torch.no_grad():
+            return m(input_ids=ids, attention_mask=causal).logits[..., :64]
+
+    with torch.no_grad():
+        theirs = source(input_ids=ids).logits
+    torch.testing.assert_close(logits(model), theirs, atol=1e-5, rtol=1e-5)
+    model.save_pretrained(tmp_path / "ours")
+    torch.testing.assert_close(
+        logits(DiffusionLM.from_pretrained(tmp_path / "ours").eval()), theirs, atol=1e-5, rtol=1e-5
+    )
+    rotary = model.model.rotary
+    scaled = rotary.inv_freq.clone()
+    rotary.llama3 = None  # plain RoPE with the same weights: the scaling matters at these positions
+    rotary.inv_freq.copy_(rotary.compute_inv_freq())
+    assert torch.equal(scaled[:1], rotary.inv_freq[:1]) and (scaled[2:] < rotary.inv_freq[2:] / 7.9).all()
+    assert (logits(model) - theirs).abs().max() > 1e-4  # 10x the tolerance it matched within
+
+
 def test_init_from_an_unsupported_model_is_a_clear_error(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
