@@ -62,7 +62,12 @@ def save_checkpoint(
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or a training run's output_dir (its latest checkpoints/step-N)."""
+    """A checkpoint folder, a training run's output_dir (its latest checkpoints/step-N), or a hub
+    model `user/repo[@revision]` that is not a local folder (downloaded once, then cached)."""
+    from dvla.hub import download_checkpoint, is_repo_id
+
+    if not Path(path).exists() and is_repo_id(str(path)):
+        path = download_checkpoint(str(path))
     path = Path(path)
     if not (path / CONFIG_FILE).exists():
         steps = sorted(p for p in (path / "checkpoints").glob("step-*") if (p / CONFIG_FILE).exists())

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import draccus
 from draccus.utils import DecodingError, ParsingError
 
+from dvla import push
 from dvla.bench import config as bench_config
 from dvla.bench import run as bench
 from dvla.data import show
@@ -33,6 +34,7 @@ def _commands() -> dict[str, Command]:
         "rollout": (rollout_config.RolloutConfig, rollout.run, "evaluate a checkpoint by MuJoCo rollouts"),
         "vqa": (vqa.VQAConfig, vqa.run, "answer questions about images, or score a VQA split"),
         "bench": (bench_config.BenchConfig, bench.run, "benchmark decoding, peers, latency and throughput"),
+        "push": (push.PushConfig, push.run, "upload a checkpoint to the Hugging Face hub with a model card"),
     }
 
 
