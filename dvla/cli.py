@@ -19,6 +19,7 @@ from dvla.bench import config as bench_config
 from dvla.bench import run as bench
 from dvla.data import show
 from dvla.eval import rollout, rollout_config, vqa
+from dvla.serving import server as serve
 from dvla.sim import command as collect
 from dvla.training import config as train_config
 from dvla.training import loop as train
@@ -34,6 +35,7 @@ def _commands() -> dict[str, Command]:
         "rollout": (rollout_config.RolloutConfig, rollout.run, "evaluate a checkpoint by MuJoCo rollouts"),
         "vqa": (vqa.VQAConfig, vqa.run, "answer questions about images, or score a VQA split"),
         "bench": (bench_config.BenchConfig, bench.run, "benchmark decoding, peers, latency and throughput"),
+        "serve": (serve.ServeConfig, serve.run, "serve a checkpoint to robots (websockets, openpi's format)"),
         "push": (push.PushConfig, push.run, "upload a checkpoint to the Hugging Face hub with a model card"),
     }
 
