@@ -19,7 +19,12 @@ def is_repo_id(text: str) -> bool:
 def download_checkpoint(name: str) -> Path:
     """The local (cached) folder of the hub model `user/repo[@revision]`."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     repo_id, _, revision = name.partition("@")
     try:
@@ -28,6 +33,10 @@ def download_checkpoint(name: str) -> Path:
         raise FileNotFoundError(
             f"{name} is neither a local folder nor in the hub cache, and the hub cannot be reached "
             "(offline, or HF_HUB_OFFLINE is set); give a checkpoint folder or go online once"
+        ) from None
+    except GatedRepoError:
+        raise FileNotFoundError(
+            f"{repo_id} is gated: accept its terms on the hub and `huggingface-cli login`"
         ) from None
     except RevisionNotFoundError:
         raise FileNotFoundError(f"{repo_id} has no revision {revision!r} on the hub") from None

@@ -149,6 +149,8 @@ def push(config: PushConfig) -> str:
     checkpoint = resolve_checkpoint(config.checkpoint)
     results = [json.loads(Path(p).read_text()) for p in config.results]
     if config.dry_run:
+        if Path(config.dry_run).exists() and any(Path(config.dry_run).iterdir()):
+            raise FileExistsError(f"--dry_run {config.dry_run} is not empty; give a new folder")
         folder = stage(checkpoint, Path(config.dry_run), results, config.repo_id)
         print(f"staged for {config.repo_id} (not uploaded): {folder}")
         return str(folder)
@@ -158,7 +160,11 @@ def push(config: PushConfig) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         folder = stage(checkpoint, Path(tmp), results, config.repo_id)
         url = api.create_repo(config.repo_id, private=config.private, exist_ok=True, repo_type="model")
-        api.upload_folder(repo_id=config.repo_id, folder_path=folder, commit_message=config.commit_message)
+        if config.private:  # an existing repo keeps its visibility unless told
+            api.update_repo_settings(config.repo_id, private=True)
+        # the repo holds exactly this checkpoint afterwards: files of an earlier push are deleted
+        api.upload_folder(repo_id=config.repo_id, folder_path=folder, commit_message=config.commit_message,
+                          delete_patterns="*")  # fmt: skip
     print(f"uploaded {checkpoint} to {url}")
     return str(url)
 

@@ -48,8 +48,11 @@ def plan_overlay(task: str, cameras: list[str], image_shape: tuple[int, int]):
 
     def points(state: np.ndarray, chunk: np.ndarray) -> np.ndarray:
         steps = np.clip(chunk[:, :3], -1, 1) * env.action_scale  # (H, 3)
-        path = np.clip(state[:3] + np.cumsum(steps, axis=0), env.mocap_low, env.mocap_high)
-        return path[:, None, :]
+        path, hand = np.empty((len(chunk), 1, 3)), np.asarray(state[:3], dtype=float)
+        for k, step in enumerate(steps):  # bounded step by step, as MetaWorld moves its mocap
+            hand = np.clip(hand + step, env.mocap_low, env.mocap_high)
+            path[k, 0] = hand
+        return path
 
     return PlanOverlay(CameraProjection(env.model, cameras, image_shape), points)
 

@@ -98,6 +98,8 @@ class RolloutConfig:
             raise ValueError(f"image_size must be >= 8 (or unset: the checkpoint's), got {self.image_size}")
         if self.videos_per_task < 0:
             raise ValueError(f"videos_per_task must be >= 0, got {self.videos_per_task}")
+        if self.show_plan and self.videos_per_task == 0:
+            raise ValueError("--show_plan draws on the videos: set --videos_per_task >= 1")
         self.mixed_precision = check_precision(self.mixed_precision)
 
 

@@ -155,6 +155,8 @@ def plot_answer_steps(tokenizer, result, mask_id: int, config: VQAConfig) -> Pat
 def read_questions(path: str) -> list[dict]:
     """The records of a questions JSONL file, each checked (a JSON object with an existing "image"
     file and a non-empty "question"); image paths are made absolute from the file's folder."""
+    from PIL import Image, UnidentifiedImageError
+
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no questions file {path}")
@@ -175,7 +177,12 @@ def read_questions(path: str) -> list[dict]:
         image = file.parent / record["image"]
         if not image.is_file():
             raise FileNotFoundError(f"{where}: no image file {image}")
-        records.append({**record, "image_path": str(image)})
+        try:
+            with Image.open(image) as opened:
+                opened.verify()
+        except (UnidentifiedImageError, OSError) as err:
+            raise ValueError(f"{where}: {image} is not an image PIL can read: {err}") from None
+        records.append({**record, "_image_file": str(image)})  # (dropped again from the answers)
     if not records:
         raise ValueError(f"{path} holds no questions")
     return records
@@ -189,7 +196,7 @@ def answer_questions(policy, records: list[dict], batch_size: int, progress: boo
     starts = range(0, len(records), batch_size)
     for start in tqdm(starts, desc="vqa", unit="batch", disable=not progress):
         rows = range(start, min(start + batch_size, len(records)))
-        images = {row: load_image(records[row]["image_path"]) for row in rows}
+        images = {row: load_image(records[row]["_image_file"]) for row in rows}
         by_shape: dict[tuple, list[int]] = defaultdict(list)
         for row in rows:
             by_shape[tuple(images[row].shape)].append(row)
@@ -212,9 +219,10 @@ def answer_file(config: VQAConfig) -> Path:
     with _autocast(config):
         answers = answer_questions(policy, records, config.batch_size)
     lines = []
+    key = "predicted" if any("answer" in r for r in records) else "answer"  # keep a given answer
     for record, answer in zip(records, answers, strict=True):
-        record = {k: v for k, v in record.items() if k != "image_path"}
-        lines.append(json.dumps({**record, "answer": answer}))
+        record = {k: v for k, v in record.items() if k != "_image_file"}
+        lines.append(json.dumps({**record, key: answer}))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text("\n".join(lines) + "\n")

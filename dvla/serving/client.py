@@ -31,7 +31,7 @@ class PolicyClient:
         """Connect (retrying for up to `wait_s` seconds while the server starts) and read its metadata."""
         from websockets.sync.client import connect
 
-        self.uri = host if host.startswith("ws") else f"ws://{host}:{port}"
+        self.uri = host if "://" in host else f"ws://{host}:{port}"
         deadline = time.monotonic() + wait_s
         self._stack = ExitStack()  # owns the connection (websockets' connect is a context manager)
         while True:
@@ -46,7 +46,11 @@ class PolicyClient:
                         f"no policy server at {self.uri} (start one with `dvla serve`)"
                     ) from None
                 time.sleep(0.5)
-        self.metadata = unpack(self._connection.recv())
+        try:
+            self.metadata = unpack(self._connection.recv())
+        except BaseException:
+            self._stack.close()
+            raise
 
     def infer(self, observation: dict) -> dict:
         self._connection.send(pack(observation))
@@ -95,20 +99,20 @@ class ActionChunkBroker:
 
     def act(self, observation: dict) -> np.ndarray:
         """The action (D,) to execute at this tick."""
-        if self.ahead and self._pending is None and len(self._queue) == self.ahead:
-            self._pending = self._thread.submit(self.client.infer, observation)
         if not self._queue:
             if self._pending is not None:  # continue the chunk asked for d ticks ago at its step d
-                actions = self._pending.result()["actions"]
-                self._pending = None
+                pending, self._pending = self._pending, None
+                actions = pending.result()["actions"]
                 self._queue.extend(actions[self.ahead : self.ahead + self.window])
             else:
                 self._queue.extend(self.client.infer(observation)["actions"][: self.window])
+        if self.ahead and self._pending is None and len(self._queue) == self.ahead:
+            self._pending = self._thread.submit(self.client.infer, observation)
         return self._queue.popleft()
 
     def reset(self) -> None:
         """Forget the current chunk (a new episode)."""
-        if self._pending is not None:
-            self._pending.result()  # the connection is free again
-            self._pending = None
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.exception()  # waits until the connection is free again; its outcome is dropped
         self._queue.clear()

@@ -107,8 +107,8 @@ class PolicyServer:
             raise RequestError(f"the request has no {missing}; it needs images, state and prompt")
         images, state, prompt = message["images"], message["state"], message["prompt"]
         cameras = self.metadata["cameras"]
-        if not isinstance(images, dict) or sorted(images) != sorted(cameras):
-            names = sorted(images) if isinstance(images, dict) else type(images).__name__
+        if not isinstance(images, dict) or set(images) != set(cameras):
+            names = [str(name) for name in images] if isinstance(images, dict) else type(images).__name__
             raise RequestError(f"images must map exactly the cameras {cameras} to arrays; got {names}")
         checked = {}
         for camera in cameras:
@@ -243,11 +243,21 @@ class PolicyServer:
 
     def start(self) -> int:
         """Serve from a background thread; the bound port (config.port 0 = any free one)."""
-        ready = threading.Event()
-        self._thread = threading.Thread(target=asyncio.run, args=(self.serve(ready),), daemon=True)
+        ready, failed = threading.Event(), []
+
+        def serve() -> None:
+            try:
+                asyncio.run(self.serve(ready))
+            except BaseException as err:  # e.g. the port is taken: raised in the caller's thread
+                failed.append(err)
+                ready.set()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
         self._thread.start()
         if not ready.wait(60):
             raise RuntimeError("the server did not start within 60 s")
+        if failed:
+            raise failed[0]
         return self.port
 
     def stop(self) -> None:

@@ -263,6 +263,15 @@ def test_vqa_answers_a_file_of_questions_in_batches(cotrained, tiny_vqa, tmp_pat
     questions.write_text(lines[0] + "\n" + '{"image": "0.png"}\n')
     assert main([*ask, "--overwrite"]) == 1
     assert "line 2: needs" in capsys.readouterr().err
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    questions.write_text(lines[0] + "\n" + json.dumps({"image": "broken.png", "question": "how many?"}))
+    assert main([*ask, "--overwrite"]) == 1  # checked before the model loads: nothing is lost later
+    assert "line 2: " in capsys.readouterr().err
+    given = json.loads(lines[0]) | {"answer": "the truth"}
+    questions.write_text(json.dumps(given) + "\n")
+    assert main([*ask, "--overwrite"]) == 0  # a given answer is kept; the model's is "predicted"
+    (record,) = [json.loads(x) for x in (tmp_path / "questions.answers.jsonl").read_text().splitlines()]
+    assert record["answer"] == "the truth" and record["predicted"] == answered[0]["answer"]
 
 
 def _synthetic_dataset(root, action_dim=3, state_dim=6, episodes=2, length=10):

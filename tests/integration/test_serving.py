@@ -151,6 +151,19 @@ def test_the_broker_hands_out_one_action_per_tick_and_asks_ahead(served):
         np.testing.assert_array_equal(broker.act(ticks[4]), in_process(policy, ticks[4])[0])
         with pytest.raises(ValueError, match="request_ahead"):
             ActionChunkBroker(client, n_action_steps=3, request_ahead=2)
+        # asking ahead by a whole window: every chunk is requested as soon as the last one arrives
+        piped = ActionChunkBroker(client, n_action_steps=2, request_ahead=2)
+        actions = [piped.act(obs) for obs in ticks[:4]]
+        first, second = in_process(policy, ticks[0]), in_process(policy, ticks[0])  # both asked at tick 0
+        np.testing.assert_array_equal(np.stack(actions[:2]), first[:2])
+        np.testing.assert_array_equal(np.stack(actions[2:]), second[2:4])
+
+
+def test_a_port_in_use_is_reported_by_start(served):
+    port, _ = served
+    taken = PolicyServer(DiffusionVLAPolicy.from_pretrained(CHECKPOINT), ServeConfig(CHECKPOINT, port=port))
+    with pytest.raises(OSError):
+        taken.start()
 
 
 def test_serve_refuses_bad_options(capsys):
