@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import http
+import queue
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +86,10 @@ class PolicyServer:
                 "prompt": "instruction (str)",
             },
         }
-        self._inference = ThreadPoolExecutor(1)  # one forward at a time, off the event loop
+        # forwards run one at a time in one thread, off the event loop: the caller's main thread for
+        # `dvla serve` (bf16 autocast runs 1.5x slower in a secondary thread on CPUs), else a worker
+        self._jobs: queue.Queue = queue.Queue()
+        self._running = threading.Event()
         self._queue: asyncio.Queue | None = None
         self._clients = 0  # open connections: a lone client's request is not held for a batch
         self._stopped: asyncio.Event | None = None
@@ -171,9 +174,9 @@ class PolicyServer:
             for same in groups.values():
                 start = time.perf_counter()
                 try:
-                    actions = await loop.run_in_executor(
-                        self._inference, self.infer, [item[0] for item in same]
-                    )
+                    done = loop.create_future()
+                    self._jobs.put(([item[0] for item in same], loop, done))
+                    actions = await done
                 except Exception as err:  # reported to the clients, the server goes on
                     for _, future, _ in same:
                         future.set_exception(err)
@@ -237,13 +240,29 @@ class PolicyServer:
             await self._stopped.wait()
         batcher.cancel()
 
-    def run(self) -> None:
-        """Serve until interrupted (Ctrl-C)."""
-        asyncio.run(self.serve())
+    def _forwards(self) -> None:
+        """Run queued forwards in this thread until the server stops."""
+        while self._running.is_set():
+            try:
+                requests, loop, done = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            try:
+                result = self.infer(requests)
+            except Exception as err:  # handed to the waiting requests
+                loop.call_soon_threadsafe(_settle, done, None, err)
+            else:
+                loop.call_soon_threadsafe(_settle, done, result, None)
 
-    def start(self) -> int:
-        """Serve from a background thread; the bound port (config.port 0 = any free one)."""
+    def run(self) -> None:
+        """Serve until interrupted (Ctrl-C): the network in a thread, forwards in this one."""
+        self.start(forwards_here=True)
+
+    def start(self, forwards_here: bool = False) -> int:
+        """Serve from background threads; the bound port (config.port 0 = any free one). With
+        `forwards_here` the forwards run in the calling thread, which blocks until `stop()`."""
         ready, failed = threading.Event(), []
+        self._running.set()
 
         def serve() -> None:
             try:
@@ -257,14 +276,32 @@ class PolicyServer:
         if not ready.wait(60):
             raise RuntimeError("the server did not start within 60 s")
         if failed:
+            self._running.clear()
             raise failed[0]
+        if forwards_here:
+            try:
+                self._forwards()
+            finally:
+                self.stop()
+        else:
+            self._worker = threading.Thread(target=self._forwards, daemon=True)
+            self._worker.start()
         return self.port
 
     def stop(self) -> None:
-        if self._loop is not None and self._stopped is not None:
+        self._running.clear()
+        if self._loop is not None and self._stopped is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stopped.set)
             self._thread.join(30)
-        self._inference.shutdown(wait=False)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def load_server(config: ServeConfig) -> PolicyServer:
