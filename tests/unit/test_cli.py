@@ -34,4 +34,4 @@ def test_missing_required_option_is_a_message_not_a_traceback(capsys):
     assert main(["rollout", "--suite", "mt10"]) == 1
     assert "--checkpoint is required" in capsys.readouterr().err
     assert main(["vqa", "--checkpoint", "x"]) == 1
-    assert "either --image and --question, or --dataset" in capsys.readouterr().err
+    assert "--image and --question, --questions FILE.jsonl, or --dataset" in capsys.readouterr().err
