@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dvla.checkpoint import checkpoint_info
 from dvla.policy import DiffusionVLAPolicy
 from dvla.serving.client import PolicyClient
 from dvla.training.precision import autocast, resolve_precision
@@ -63,7 +64,7 @@ def main() -> None:
     vision = policy.model.config.vision
     shape = (args.image_height or vision.shape[0], vision.shape[1] if not args.image_height else
              round(args.image_height * vision.shape[1] / vision.shape[0]))  # fmt: skip
-    tasks = json.loads((Path(policy_path(args.checkpoint)) / "config.json").read_text()).get("training", {})
+    tasks = checkpoint_info(args.checkpoint)
     meta = {"cameras": policy.action_cameras, "state_dim": policy.model.config.state_dim,
             "prompt": (tasks.get("tasks") or ["do the task"])[0]}  # fmt: skip
     precision = resolve_precision(args.mixed_precision, torch.device("cpu"))
@@ -146,12 +147,6 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     print(f"saved {out}")
-
-
-def policy_path(checkpoint: str) -> Path:
-    from dvla.checkpoint import resolve_checkpoint
-
-    return resolve_checkpoint(checkpoint)
 
 
 def wait_healthy(port: int, server: subprocess.Popen, timeout: float = 120) -> None:

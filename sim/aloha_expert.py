@@ -178,51 +178,33 @@ def _centred(mocap: np.ndarray, fingers: np.ndarray, target: np.ndarray, offset:
 
 
 def insertion_servo(state: dict, start: int) -> Plan:
-    """Stage 3, repeated every SERVO_EVERY steps with both objects held up. Both objects creep
-    round in their weak grips, so each look starts from where they really are: the left gripper
-    turns the socket level, the right one turns the peg onto the socket's axis and moves the peg's
-    inner end towards a point on that axis, 2 cm in front of the opening until the end is lined up
-    with it, then through the opening to the pin."""
+    """Stage 3, repeated every SERVO_EVERY steps with both objects held up. The peg swings in its
+    weak grip, so each look starts from where peg and socket really are: the right gripper moves
+    the peg's inner end towards a point on the socket's axis, 2 cm in front of the opening until
+    the end is lined up with it, then through the opening to the pin. Orientations are kept (a
+    commanded turn is not followed faithfully by the strained wrists); the left gripper holds."""
     left, right, objects = state["left"], state["right"], state["objects"]
     peg_axis = Rotation.from_quat(objects[3:7], scalar_first=True).apply([1.0, 0, 0])
     socket_axis = Rotation.from_quat(objects[10:14], scalar_first=True).apply([1.0, 0, 0])
     peg_end = objects[:3] - 0.06 * peg_axis  # the peg's inner end (it is 12 cm long)
     opening = objects[7:10] + 0.06 * socket_axis  # the socket's open end, facing the peg
-    # turns are about the mocap points, so the objects' ends move with them
-    if TURN:
-        level_axis = np.array([socket_axis[0], socket_axis[1], 0.0]) / np.linalg.norm(socket_axis[:2])
-        level, _ = Rotation.align_vectors([level_axis], [socket_axis])
-        opening = left[:3] + level.apply(opening - left[:3])
-        onto, _ = Rotation.align_vectors([level_axis], [peg_axis])
-        peg_end = right[:3] + onto.apply(peg_end - right[:3])
-    else:
-        level_axis, level, onto = socket_axis, Rotation.identity(), Rotation.identity()
     offset = peg_end - opening
-    along = float(offset @ level_axis)
-    across = np.linalg.norm(offset - along * level_axis)
+    along = float(offset @ socket_axis)
+    across = np.linalg.norm(offset - along * socket_axis)
     # the pin ends 2 cm inside the opening: aim a little beyond it once the end is lined up or in the tube
     inside = across < ON_AXIS or (along < 0.005 and across < IN_TUBE)
-    target = opening - (0.02 + PUSH_DEPTH) * level_axis if inside else opening + 0.02 * level_axis
+    target = opening - (0.02 + PUSH_DEPTH) * socket_axis if inside else opening + 0.02 * socket_axis
     move = target - peg_end
     move *= min(1.0, SERVO_STEP / max(np.linalg.norm(move), 1e-9))
     end = start + SERVO_EVERY
     right_plan = [
         Waypoint(start, right[:3], right[3:], CLOSED),
-        Waypoint(end, right[:3] + move, _turned(onto, right[3:]), CLOSED),
+        Waypoint(end, right[:3] + move, right[3:], CLOSED),
     ]
-    left_plan = [
-        Waypoint(start, left[:3], left[3:], CLOSED),
-        Waypoint(end, left[:3], _turned(level, left[3:]), CLOSED),
-    ]
+    left_plan = [Waypoint(t, left[:3], left[3:], CLOSED) for t in (start, end)]
     return left_plan, right_plan
 
 
-def _turned(rotation: Rotation, quat: np.ndarray) -> np.ndarray:
-    """`quat` (w, x, y, z) after a world-frame `rotation`."""
-    return (rotation * Rotation.from_quat(quat, scalar_first=True)).as_quat(scalar_first=True)
-
-
-INSERT_AT = np.array([0.0, 0.5, 0.15])
 CARRIED = 245  # the step the peg is in front of the socket's opening
 ALIGN = 260  # the step the peg is lined up with the socket
 CENTRE = 120  # the step the grippers, on their way down, are centred on their objects
@@ -232,7 +214,6 @@ PEG_FINGERS = np.array([-0.015, 0.0])
 SOCKET_FINGERS = np.array([0.04, 0.0])
 GRASP_HEIGHT = -0.005
 SOCKET_LIFT = 0.02
-TURN = False
 PUSH_DEPTH = 0.02
 SERVO_EVERY = 10  # steps between two looks at the peg and the socket
 SERVO_STEP = 0.015  # at most this far (m) per look

@@ -307,10 +307,10 @@ def _settle(future: asyncio.Future, result, error) -> None:
 def load_server(config: ServeConfig) -> PolicyServer:
     from dataclasses import replace
 
+    from dvla.eval.rollout import resolve_device
     from dvla.policy import DiffusionVLAPolicy, PolicyConfig
 
-    device = "cuda" if config.device == "auto" and torch.cuda.is_available() else config.device
-    device = "cpu" if device == "auto" else device
+    device = resolve_device(config.device)
     policy_config = PolicyConfig()
     if config.decode_steps is not None:
         policy_config = replace(
